@@ -1,0 +1,45 @@
+# eto-train. Every target takes Hydra overrides through ARGS, e.g.
+#   make bc ARGS="run_name=try1 bc.epochs=1"
+PY      ?= .venv/bin/python
+ARGS    ?=
+TORCH   ?= torch==2.13.0
+export HF_HUB_OFFLINE = 1
+export TOKENIZERS_PARALLELISM = false
+
+.PHONY: setup experts model bc eval demo test bench clean help
+
+help:
+	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
+
+setup: .venv/.installed ## create .venv: torch first (a CUDA torch already there is kept), then the package
+
+.venv/.installed: pyproject.toml
+	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+experts: setup ## expert (gold-path) trajectories of the training tasks
+	$(PY) scripts/experts.py $(ARGS)
+
+model: experts ## build the offline tiny base model (tokenizer + small Llama), no download
+	$(PY) scripts/build_model.py $(ARGS)
+
+bc: model ## behavior cloning (SFT on expert actions only)
+	$(PY) scripts/bc.py $(ARGS)
+
+eval: setup ## evaluate a policy (default: the bc model) on held-out seen/unseen seeds
+	$(PY) scripts/evaluate.py $(ARGS)
+
+demo: ## the main job on the CPU default: bc, then eval of the bc policy
+	$(MAKE) bc eval ARGS="run_name=demo $(ARGS)"
+
+test: setup ## the test suite (tiny models, seconds each)
+	$(PY) -m pytest -q tests
+
+bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
+	$(PY) scripts/bench.py $(ARGS)
+
+clean: ## remove run folders (runs/, multirun/, outputs/)
+	rm -rf runs multirun outputs

@@ -1,0 +1,107 @@
+"""Benchmarks (`make bench`): medians and ratios measured side by side in one run.
+
+1. Rollout throughput: the batched lockstep engine (N parallel episodes) against one episode
+   at a time, same model, same tasks, same greedy decoding; episodes/s and steps/s.
+2. Behavior-cloning training throughput: tokens per second of SFT steps on the tiny model.
+
+    python scripts/bench.py [bench.episodes=32 bench.repeats=3 ...]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from eto_train.envs import make_env
+from eto_train.experts import expert_episode
+from eto_train.model.load import load_model, load_tokenizer, policy_ref
+from eto_train.prompting import PromptConfig
+from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.stage import setup_runtime, to_plain, versions
+from eto_train.store import write_json
+
+
+def _rollouts(work, env_cfg, policy, ref, prompt, batch):
+    eps = []
+    t0 = time.perf_counter()
+    run_rollouts(work, lambda: make_env(env_cfg), policy, ref, prompt, RolloutConfig(batch_size=batch),
+                 on_episode=eps.append)
+    return time.perf_counter() - t0, eps
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(cfg) -> None:
+    console = Console()
+    b = cfg.bench
+    setup_runtime(cfg.runtime.rollout_threads)
+    env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
+    policy_path = b.policy
+    tok = load_tokenizer(policy_path)
+    model = load_model(policy_path, dtype=cfg.model.dtype)
+    ref = policy_ref(policy_path, name="bench")
+    policy = Policy(model, tok, GenerationConfig(**to_plain(cfg.eval.generation)), cfg.model.max_context)
+    lister = make_env(env_cfg)
+    tasks = lister.tasks(b.split)[: b.episodes]
+    lister.close()
+    work = [(t, 0) for t in tasks]
+
+    # -- 1. batched vs sequential rollouts, alternated so drift hits both ----------------------
+    batched, sequential = [], []
+    for _ in range(b.repeats):
+        tb, eps_b = _rollouts(work, env_cfg, policy, ref, prompt, b.episodes)
+        ts, eps_s = _rollouts(work, env_cfg, policy, ref, prompt, 1)
+        batched.append(tb)
+        sequential.append(ts)
+    steps = sum(e.num_steps for e in eps_b)
+    same = {e.task_id: [s.raw_output for s in e.steps] for e in eps_b} == \
+           {e.task_id: [s.raw_output for s in e.steps] for e in eps_s}
+    mb, ms = statistics.median(batched), statistics.median(sequential)
+
+    # -- 2. BC training tokens/s ------------------------------------------------------------
+    setup_runtime(cfg.runtime.train_threads)
+    from eto_train.training.sft import make_trainer, sft_config, sft_dataset
+    env = make_env(env_cfg)
+    experts = [expert_episode(env, t, prompt) for t in env.tasks("train")[: b.bc_trajectories]]
+    env.close()
+    bc_cfg = {**to_plain(cfg.bc), "max_steps": b.bc_steps, "save_strategy": "no", "logging_steps": 1000}
+    out = Path(cfg.paths.run) / "bench"
+    train_model = load_model(policy_path, dtype=cfg.model.dtype)
+    trainer = make_trainer(train_model, tok, sft_dataset(experts),
+                           sft_config(str(out / "sft"), bc_cfg, cfg.seed, report_to="none"))
+    res = trainer.train()
+    per_step = [len(x) for x in trainer.train_dataset["input_ids"]]
+    tokens = statistics.mean(per_step) * cfg.bc.batch_size * cfg.bc.grad_accum * res.global_step
+    bc_tps = tokens / res.metrics["train_runtime"]
+
+    results = {
+        "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
+                    "batched_seconds": batched, "sequential_seconds": sequential,
+                    "batched_median_s": mb, "sequential_median_s": ms, "speedup": ms / mb,
+                    "batched_steps_per_s": steps / mb, "sequential_steps_per_s": steps / ms,
+                    "identical_outputs": same, "threads": cfg.runtime.rollout_threads},
+        "bc": {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
+               "tokens_per_second": bc_tps, "batch_size": cfg.bc.batch_size,
+               "threads": cfg.runtime.train_threads},
+        "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b),
+    }
+    write_json(out / "bench.json", results)
+    t = Table(title=f"make bench ({ref.id})")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_row(f"rollouts, batched x{b.episodes} (median of {b.repeats})", f"{mb:.2f} s  ({steps / mb:.1f} steps/s)")
+    t.add_row("rollouts, one episode at a time (median)", f"{ms:.2f} s  ({steps / ms:.1f} steps/s)")
+    t.add_row("speedup batched / sequential", f"{ms / mb:.1f}x")
+    t.add_row("same greedy outputs both ways", str(same))
+    t.add_row(f"BC training ({res.global_step} steps, batch {cfg.bc.batch_size})", f"{bc_tps:.0f} tokens/s")
+    console.print(t)
+    console.print(f"-> {out / 'bench.json'}")
+
+
+if __name__ == "__main__":
+    main()

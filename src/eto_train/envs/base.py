@@ -1,0 +1,75 @@
+"""The protocol every environment implements, and its typed errors.
+
+An environment adapter owns one live simulator instance. The rollout engine holds a pool of
+adapters (one per parallel episode) and drives them through this small surface only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class EnvironmentFailure(RuntimeError):
+    """The simulator crashed, hung or returned garbage.
+
+    Rollouts record such an episode with status ``environment_failure``; it is never used as a
+    negative example, because the model did nothing wrong.
+    """
+
+
+class EnvironmentTimeout(EnvironmentFailure):
+    """The simulator did not answer within the configured time."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task instance: a game (or task family), a data fold and a seed/variation."""
+
+    env: str  # registry name of the environment, e.g. "twx"
+    game: str  # task family, e.g. "sorting"
+    fold: str  # the simulator's own data fold ("train", "dev", "test")
+    seed: int
+    split: str  # the project's split name ("train", "seen", "unseen")
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.game}/{self.fold}/{self.seed}"
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float  # cumulative, normalised score in [0, 1] after this step
+    done: bool
+    success: bool
+    failure: bool = False  # the game says the task is lost (not a step-limit stop)
+    valid_actions: list[str] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    name: str
+
+    @property
+    def version(self) -> str:
+        """Package version and parameters; pins what produced an episode."""
+
+    def tasks(self, split: str) -> list[Task]:
+        """Task instances of one of the project's splits."""
+
+    def max_steps(self, task: Task) -> int: ...
+
+    def reset(self, task: Task) -> tuple[str, StepResult]:
+        """Start ``task``; returns (task instruction, first observation)."""
+
+    def step(self, action: str) -> StepResult: ...
+
+    def expert_actions(self, task: Task) -> list[str]:
+        """The gold action sequence for ``task`` (the expert)."""
+
+    def action_forms(self, game: str) -> list[str]:
+        """Short templates of the actions a game accepts, for the system prompt."""
+
+    def close(self) -> None: ...

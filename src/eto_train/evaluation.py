@@ -1,0 +1,77 @@
+"""Metrics over a set of episodes: per game and overall, with 95% confidence intervals.
+
+Episodes that failed for reasons other than the policy (environment, orchestrator,
+evaluator) are counted and reported but left out of the success rate's denominator.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from .records import NOT_POLICY_FAULT, Episode
+from .stats import wilson_ci
+
+
+def has_loop(ep: Episode, repeats: int = 3) -> bool:
+    """The agent repeated itself: one action ``repeats`` times in a row, or an A-B-A-B-A-B cycle."""
+    acts = [s.action or s.raw_output for s in ep.steps]
+    for i in range(len(acts) - repeats + 1):
+        if len(set(acts[i:i + repeats])) == 1:
+            return True
+    for i in range(len(acts) - 2 * repeats + 1):
+        window = acts[i:i + 2 * repeats]
+        if window[0] != window[1] and window[0::2] == [window[0]] * repeats and window[1::2] == [window[1]] * repeats:
+            return True
+    return False
+
+
+def summarize(episodes: list[Episode]) -> dict[str, Any]:
+    scored = [e for e in episodes if e.status not in NOT_POLICY_FAULT]
+    n = len(scored)
+    k = sum(e.success for e in scored)
+    lo, hi = wilson_ci(k, n)
+    steps = [s for e in scored for s in e.steps]
+    return {
+        "episodes": len(episodes),
+        "scored_episodes": n,
+        "successes": k,
+        "success_rate": k / n if n else 0.0,
+        "success_ci95": [lo, hi],
+        "mean_score": sum(e.final_score for e in scored) / n if n else 0.0,
+        "invalid_action_rate": sum(not s.valid for s in steps) / len(steps) if steps else 0.0,
+        "mean_steps": sum(e.num_steps for e in scored) / n if n else 0.0,
+        "loop_rate": sum(has_loop(e) for e in scored) / n if n else 0.0,
+        "max_steps_rate": sum(e.status == "max_steps" for e in scored) / n if n else 0.0,
+        "environment_failures": sum(e.status == "environment_failure" for e in episodes),
+        "other_failures": sum(e.status in ("orchestrator_failure", "evaluator_failure") for e in episodes),
+        "model_failures": sum(e.status == "model_failure" for e in episodes),
+        "truncated_episodes": sum(e.truncated_turns > 0 for e in episodes),
+    }
+
+
+def evaluate(episodes: list[Episode]) -> dict[str, Any]:
+    by_game: dict[str, list[Episode]] = defaultdict(list)
+    for e in episodes:
+        by_game[e.game].append(e)
+    return {"overall": summarize(episodes),
+            "per_game": {g: summarize(eps) for g, eps in sorted(by_game.items())}}
+
+
+def metrics_table(title: str, results: dict[str, dict[str, Any]]):
+    """A rich table: one row per (split, game) with the headline numbers."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("split", "game", "n", "success [95% CI]", "score", "invalid", "steps", "loops", "env fail"):
+        t.add_column(col, justify="right" if col not in ("split", "game") else "left")
+    for split, res in results.items():
+        rows = list(res["per_game"].items()) + [("ALL", res["overall"])]
+        for game, m in rows:
+            lo, hi = m["success_ci95"]
+            t.add_row(split, game, str(m["scored_episodes"]),
+                      f"{100 * m['success_rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]",
+                      f"{m['mean_score']:.3f}", f"{100 * m['invalid_action_rate']:.1f}%",
+                      f"{m['mean_steps']:.1f}", f"{100 * m['loop_rate']:.1f}%",
+                      str(m["environment_failures"]))
+    return t

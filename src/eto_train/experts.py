@@ -1,0 +1,41 @@
+"""Expert trajectories: the environment's gold action sequences played through the adapter.
+
+Each expert episode is an ordinary :class:`Episode` (policy id ``expert``) so that behavior
+cloning, pair building and evaluation read one format.
+"""
+
+from __future__ import annotations
+
+from .envs.base import Environment, Task
+from .prompting import PromptConfig, first_user_message, format_action, system_message
+from .records import Episode, PolicyRef, Step, episode_key
+
+EXPERT = PolicyRef(id="expert")
+
+
+def expert_episode(env: Environment, task: Task, prompt: PromptConfig,
+                   prefix: int | None = None) -> Episode:
+    """Replay the gold path of ``task`` (its first ``prefix`` actions only, if given)."""
+    actions = env.expert_actions(task)
+    if prefix is not None:
+        actions = actions[:prefix]
+    instruction, first = env.reset(task)
+    sys_msg = system_message(prompt, env.action_forms(task.game))
+    ep = Episode(
+        episode_id=episode_key(EXPERT.id, task.task_id, 0, task.seed), task_id=task.task_id,
+        env=task.env, game=task.game, fold=task.fold, seed=task.seed, split=task.split,
+        env_version=env.version, policy=EXPERT, prompt_version=prompt.version,
+        system=sys_msg["content"], first_user=first_user_message(prompt, instruction, first.observation)["content"],
+        instruction=instruction, first_observation=first.observation,
+        env_params={"max_steps": env.max_steps(task)})
+    valid_actions, res = first.valid_actions, first
+    for action in actions:
+        valid = valid_actions is None or action in valid_actions
+        res = env.step(action)
+        valid_actions = res.valid_actions
+        ep.steps.append(Step(index=len(ep.steps), raw_output=format_action(action), action=action,
+                             valid=valid, observation=res.observation, reward=res.reward, done=res.done))
+        if res.done:
+            break
+    ep.finish("success" if res.success else "failure" if res.done else "max_steps")
+    return ep

@@ -1,0 +1,1 @@
+"""Models: the offline tiny base model and loading of any policy checkpoint."""

@@ -1,0 +1,109 @@
+"""Failure/success contrast pairs (ETO step 3).
+
+Trajectory level (the paper's rule): per task, the agent's final reward against the expert's.
+The lower one is rejected and the higher chosen (an agent that beats the expert is chosen);
+ties are dropped. The prompt is the system turn and the task with its first observation; the
+completions are the rest of each conversation, both ending on an action, and the rejected
+side is cut to the expert's length plus ``extra_turns`` (5) turns.
+
+Step level (paper App. B): with the expert's first t-1 steps fixed, the policy acts from step
+t to the end; when its final reward is below the expert's, its action at t is rejected against
+the expert's a_t, both conditioned on the instruction and the expert prefix.
+
+Episodes whose status says the policy was not at fault (environment, orchestrator or
+evaluator failures) never become negatives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .records import NOT_POLICY_FAULT, Episode, to_messages
+
+
+@dataclass
+class Pair:
+    pair_id: str
+    task_id: str
+    kind: str  # "trajectory" or "step"
+    step: int | None  # step-level: the 0-based index t of the contrasted action
+    chosen_policy: str
+    rejected_policy: str
+    chosen_score: float
+    rejected_score: float
+    prompt: list[dict[str, str]]
+    chosen: list[dict[str, str]]
+    rejected: list[dict[str, str]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _pid(*parts: Any) -> str:
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
+def _split(msgs: list[dict[str, str]]) -> tuple[list[dict], list[dict]]:
+    """(prompt = everything before the first assistant turn, completion = the rest)."""
+    first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    return msgs[:first], msgs[first:]
+
+
+def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int = 5) -> Pair | None:
+    """The paper's trajectory-level pair for one task, or None (tie, unusable episode)."""
+    if expert.task_id != agent.task_id:
+        raise ValueError(f"pair of different tasks: {expert.task_id} vs {agent.task_id}")
+    if agent.status in NOT_POLICY_FAULT or not agent.steps or not expert.steps:
+        return None
+    if agent.final_score == expert.final_score:
+        return None  # ties are dropped
+    chosen, rejected = (expert, agent) if expert.final_score > agent.final_score else (agent, expert)
+    limit = expert.num_steps + extra_turns
+    prompt, chosen_msgs = _split(to_messages(chosen, max_turns=limit if chosen is agent else None))
+    _, rejected_msgs = _split(to_messages(rejected, max_turns=limit))
+    return Pair(pair_id=_pid("traj", agent.episode_id, expert.episode_id), task_id=agent.task_id,
+                kind="trajectory", step=None, chosen_policy=chosen.policy.id, rejected_policy=rejected.policy.id,
+                chosen_score=chosen.final_score, rejected_score=rejected.final_score,
+                prompt=prompt, chosen=chosen_msgs, rejected=rejected_msgs)
+
+
+def step_pair(expert: Episode, continuation: Episode, t: int) -> Pair | None:
+    """Step-level pair: the expert's a_t against the policy's action at t after the expert prefix.
+
+    ``continuation`` is an episode whose first ``t`` steps are the expert's (replayed) and whose
+    later steps the policy took. No pair when the policy's final reward is not below the
+    expert's, or when its action at t is the expert's own.
+    """
+    if continuation.status in NOT_POLICY_FAULT or len(continuation.steps) <= t or len(expert.steps) <= t:
+        return None
+    if continuation.final_score >= expert.final_score:
+        return None
+    if continuation.steps[t].action == expert.steps[t].action:
+        return None
+    prefix = to_messages(expert, max_turns=t + 1)[:-1]  # instruction + expert steps < t, ends on a user turn
+    if t == 0:
+        prefix = prefix[: next(i for i, m in enumerate(prefix) if m["role"] == "user") + 1]
+    chosen = [{"role": "assistant", "content": expert.steps[t].raw_output}]
+    rejected = [{"role": "assistant", "content": continuation.steps[t].raw_output}]
+    return Pair(pair_id=_pid("step", continuation.episode_id, expert.episode_id, t), task_id=expert.task_id,
+                kind="step", step=t, chosen_policy=expert.policy.id, rejected_policy=continuation.policy.id,
+                chosen_score=expert.final_score, rejected_score=continuation.final_score,
+                prompt=prefix, chosen=chosen, rejected=rejected)
+
+
+def pair_stats(pairs: list[Pair], considered: int) -> dict[str, Any]:
+    """Win/tie/lose counts seen from the agent, and length statistics of the pairs."""
+    agent_won = sum(p.chosen_policy != "expert" for p in pairs)
+    agent_lost = len(pairs) - agent_won
+
+    def turns(msgs):
+        return sum(m["role"] == "assistant" for m in msgs)
+
+    ch = [turns(p.chosen) for p in pairs] or [0]
+    rj = [turns(p.rejected) for p in pairs] or [0]
+    return {"tasks": considered, "pairs": len(pairs), "agent_lost": agent_lost, "agent_won": agent_won,
+            "ties_or_unusable": considered - len(pairs),
+            "chosen_turns_mean": sum(ch) / len(ch), "rejected_turns_mean": sum(rj) / len(rj),
+            "rejected_turns_max": max(rj)}

@@ -1,0 +1,209 @@
+"""Batched rollouts: many episodes step in lockstep, one batched generate call per step.
+
+A pool of environment instances (one per slot) plays the task queue. Each step renders every
+active conversation with the chat template, left-pads them into one batch and calls
+``model.generate`` once (KV-cached within the call, greedy unless configured). When an episode
+ends its slot takes the next task (continuous batching), so the batch stays full.
+
+Written by hand: HF ``generate`` batches a single turn, and vLLM is a GPU engine; no
+maintained library drives multi-turn text environments in lockstep on a CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from .envs.base import Environment, EnvironmentFailure, StepResult, Task
+from .prompting import PromptConfig, first_user_message, parse_action, system_message
+from .records import Episode, PolicyRef, Step, episode_key
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 32
+    do_sample: bool = False  # greedy, as in the paper
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+class Policy:
+    """A causal LM + tokenizer that answers a batch of conversations."""
+
+    def __init__(self, model, tokenizer, gen: GenerationConfig, max_context: int | None = None):
+        self.model, self.tok, self.gen = model, tokenizer, gen
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", 2048)
+        self.model.eval()
+
+    def _encode(self, conv: list[dict[str, str]]) -> tuple[list[int], int]:
+        """Token ids of the prompt; drops the oldest turns (never system or task) to fit."""
+        budget = self.max_context - self.gen.max_new_tokens
+        dropped = 0
+        while True:
+            text = self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            head = 2 if conv and conv[0]["role"] == "system" else 1
+            if len(ids) <= budget or len(conv) <= head + 1:
+                return ids[-budget:], dropped
+            conv = conv[:head] + conv[head + 2:]  # drop one (assistant, user) exchange
+            dropped += 1
+
+    def generate(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int, int, int]]:
+        """For each conversation: (text, prompt tokens, completion tokens, turns dropped)."""
+        import torch
+
+        enc = [self._encode(c) for c in convs]
+        width = max(len(ids) for ids, _ in enc)
+        pad = self.tok.pad_token_id
+        input_ids = torch.full((len(enc), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(enc), width), dtype=torch.long)
+        for i, (ids, _) in enumerate(enc):  # left padding: every row ends where generation starts
+            input_ids[i, width - len(ids):] = torch.tensor(ids)
+            attn[i, width - len(ids):] = 1
+        kwargs = dict(max_new_tokens=self.gen.max_new_tokens, do_sample=self.gen.do_sample,
+                      pad_token_id=pad, eos_token_id=self.tok.eos_token_id)
+        if self.gen.do_sample:
+            kwargs.update(temperature=self.gen.temperature, top_p=self.gen.top_p)
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attn.to(device),
+                                      **kwargs).cpu()
+        results = []
+        for i, (ids, dropped) in enumerate(enc):
+            new = out[i, width:].tolist()
+            n = len(new)
+            if self.tok.eos_token_id in new:  # count up to and including the stop token
+                n = new.index(self.tok.eos_token_id) + 1
+            text = self.tok.decode(new[:n], skip_special_tokens=True).strip()
+            results.append((text, len(ids), n, dropped))
+        return results
+
+
+@dataclass
+class _Slot:
+    env: Environment
+    task: Task | None = None
+    sample_index: int = 0
+    episode: Episode | None = None
+    conv: list[dict[str, str]] = field(default_factory=list)
+    valid_actions: list[str] | None = None
+    reward: float = 0.0
+    attempts: int = 0
+
+
+@dataclass
+class RolloutConfig:
+    batch_size: int = 32
+    env_retries: int = 2  # environment failures retried under the same episode id
+    seed: int = 0
+
+
+def run_rollouts(
+    work: Iterable[tuple[Task, int]],
+    make_env: Callable[[], Environment],
+    policy: Policy,
+    policy_ref: PolicyRef,
+    prompt: PromptConfig,
+    cfg: RolloutConfig,
+    on_episode: Callable[[Episode], None],
+    on_step: Callable[[int], None] | None = None,
+) -> None:
+    """Play every (task, sample index) in ``work``; hand each finished episode to ``on_episode``."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    queue = list(work)
+    queue.reverse()  # pop() from the end keeps the given order
+    slots = [_Slot(env=make_env()) for _ in range(min(cfg.batch_size, len(queue)))]
+    try:
+        active = [s for s in slots if _start_next(s, queue, policy_ref, prompt, cfg, make_env, on_episode)]
+        while active:
+            t0 = time.perf_counter()
+            outs = policy.generate([s.conv for s in active])
+            latency = time.perf_counter() - t0
+            still = []
+            for slot, (text, n_prompt, n_new, dropped) in zip(active, outs):
+                if _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_env, on_episode):
+                    still.append(slot)
+                elif _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode):
+                    still.append(slot)
+            active = still
+            if on_step:
+                on_step(len(outs))
+    finally:
+        for s in slots:
+            s.env.close()
+
+
+def _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
+    """Reset the slot's env on the next task; False when the queue is empty."""
+    while queue:
+        task, sample_index = queue.pop()
+        slot.task, slot.sample_index, slot.attempts = task, sample_index, 0
+        if _reset(slot, policy_ref, prompt, cfg, make_env, on_episode):
+            return True
+    return False
+
+
+def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
+    task = slot.task
+    sys_msg = system_message(prompt, slot.env.action_forms(task.game))
+    ep = Episode(
+        episode_id=episode_key(policy_ref.id, task.task_id, slot.sample_index, cfg.seed),
+        task_id=task.task_id, env=task.env, game=task.game, fold=task.fold, seed=task.seed,
+        split=task.split, env_version=slot.env.version, policy=policy_ref,
+        prompt_version=prompt.version, system=sys_msg["content"], first_user="",
+        instruction="", first_observation="", sample_index=slot.sample_index,
+        env_params={"max_steps": slot.env.max_steps(task)})
+    try:
+        instruction, first = slot.env.reset(task)
+    except EnvironmentFailure as exc:
+        return _env_failed(slot, ep, exc, policy_ref, prompt, cfg, make_env, on_episode)
+    user = first_user_message(prompt, instruction, first.observation)
+    ep.instruction, ep.first_observation, ep.first_user = instruction, first.observation, user["content"]
+    slot.episode, slot.conv = ep, [sys_msg, user]
+    slot.valid_actions, slot.reward = first.valid_actions, first.reward
+    return True
+
+
+def _env_failed(slot, ep, exc, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
+    """Retry the episode from scratch on a fresh env instance, or record the failure."""
+    try:
+        slot.env.close()
+    finally:
+        slot.env = make_env()
+    if slot.attempts < cfg.env_retries:
+        slot.attempts += 1
+        time.sleep(min(0.05 * 2 ** slot.attempts, 2.0))  # backoff before the same episode again
+        return _reset(slot, policy_ref, prompt, cfg, make_env, on_episode)
+    ep.finish("environment_failure", error=f"{type(exc).__name__}: {exc} (after {slot.attempts} retries)")
+    on_episode(ep)
+    return False
+
+
+def _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_env, on_episode) -> bool:
+    """Apply one model output to the slot's episode; False when the episode has ended."""
+    ep, task = slot.episode, slot.task
+    action = parse_action(text)
+    if action is None:
+        res = StepResult(observation=prompt.invalid_format, reward=slot.reward, done=False, success=False)
+        valid = False
+    else:
+        valid = slot.valid_actions is None or action in slot.valid_actions
+        try:
+            res = slot.env.step(action)
+        except EnvironmentFailure as exc:
+            return _env_failed(slot, ep, exc, ep.policy, prompt, cfg, make_env, on_episode)
+        slot.valid_actions = res.valid_actions
+    slot.reward = res.reward
+    ep.truncated_turns = max(ep.truncated_turns, dropped)
+    ep.steps.append(Step(index=len(ep.steps), raw_output=text, action=action, valid=valid,
+                         observation=res.observation, reward=res.reward, done=res.done,
+                         latency_s=round(latency, 4), prompt_tokens=n_prompt, completion_tokens=n_new))
+    slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": res.observation}]
+    if res.done or len(ep.steps) >= slot.env.max_steps(task):
+        ep.finish("success" if res.success else "failure" if res.done else "max_steps")
+        on_episode(ep)
+        return False
+    return True

@@ -1,0 +1,109 @@
+"""The episode store: JSON Lines files, append-only, each line one whole record.
+
+Appends write a complete line with one ``write`` on an ``O_APPEND`` descriptor and fsync it, so
+a kill leaves at most one partial last line, which :func:`read_jsonl` reports (or, for resume,
+skips with a warning) instead of silently dropping or mangling earlier records.
+Whole-file outputs go through :func:`write_atomic` (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .records import Episode, RecordError
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for row in rows:
+            line = (json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+            os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def drop_partial_tail(path: str | os.PathLike) -> int:
+    """Cut a partial last line (a write interrupted by a kill); returns the bytes dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return 0
+    keep = data.rfind(b"\n") + 1
+    warnings.warn(f"{path}: dropped a partial last line ({len(data) - keep} bytes) left by an interrupted write")
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+    return len(data) - keep
+
+
+def read_jsonl(path: str | os.PathLike, allow_partial_tail: bool = False) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object). Errors name the file and line.
+
+    ``allow_partial_tail`` tolerates a last line without its newline (a write cut by a kill):
+    it is skipped with a warning, never parsed as a record.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail_partial = bool(lines) and lines[-1] != b""
+    for i, raw in enumerate(lines, start=1):
+        if raw.strip() == b"":
+            continue
+        if i == len(lines) and tail_partial and allow_partial_tail:
+            warnings.warn(f"{path}:{i}: partial last line (interrupted write) skipped")
+            return
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"{path}:{i}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            hint = " (truncated line?)" if i == len(lines) and tail_partial else ""
+            raise RecordError(f"{path}:{i}: malformed JSON: {exc.msg} at column {exc.colno}{hint}") from None
+        yield i, obj
+
+
+def read_episodes(path: str | os.PathLike, allow_partial_tail: bool = False) -> list[Episode]:
+    out = []
+    for lineno, obj in read_jsonl(path, allow_partial_tail=allow_partial_tail):
+        try:
+            out.append(Episode.from_dict(obj))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RecordError(f"{path}:{lineno}: not an episode record: {exc}") from None
+    return out
+
+
+def append_episodes(path: str | os.PathLike, episodes: Iterable[Episode]) -> None:
+    append_jsonl(path, (ep.to_dict() for ep in episodes))

@@ -1,0 +1,1 @@
+"""Trainers: behavior cloning (TRL SFTTrainer) and, later, masked multi-turn DPO."""

@@ -1,0 +1,93 @@
+"""Multi-turn DPO where only the agent's action tokens count (the ETO objective).
+
+TRL's DPOTrainer scores every completion token. In a multi-turn completion the observations
+(user turns) sit inside the completion, so TRL would count environment text in the policy's
+log-probabilities. Two small extensions fix that without touching the loss: the dataset
+carries a per-token action mask for chosen and rejected, and the collator hands that mask to
+the trainer as its ``completion_mask``. Everything downstream (log-probs, reference log-probs,
+every loss type, the optional SFT term) then sees action tokens only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import DPOConfig, DPOTrainer
+from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+from .masks import assistant_token_mask
+
+MASK_COLUMNS = ("chosen_action_mask", "rejected_action_mask")
+
+
+def tokenize_pair(tok, prompt: list[dict], chosen: list[dict], rejected: list[dict]) -> dict[str, list[int]]:
+    """Token ids of prompt / chosen / rejected and the action masks of the two completions."""
+    c_ids, c_mask = assistant_token_mask(tok, prompt + chosen)
+    r_ids, r_mask = assistant_token_mask(tok, prompt + rejected)
+    n = 0  # shared prefix: the prompt as both sides render it
+    while n < min(len(c_ids), len(r_ids)) and c_ids[n] == r_ids[n] and not c_mask[n] and not r_mask[n]:
+        n += 1
+    return {"prompt_ids": c_ids[:n], "chosen_ids": c_ids[n:], "rejected_ids": r_ids[n:],
+            "chosen_action_mask": c_mask[n:], "rejected_action_mask": r_mask[n:]}
+
+
+class ActionMaskPreferenceCollator(DataCollatorForPreference):
+    """TRL's preference collator with ``completion_mask`` = the action tokens only."""
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super().torch_call(examples)
+        rows = [[0] * len(e["prompt_ids"]) + list(e["chosen_action_mask"]) for e in examples] + \
+               [[0] * len(e["prompt_ids"]) + list(e["rejected_action_mask"]) for e in examples]
+        width = out["input_ids"].shape[1]
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            r = r[:self.max_length] if self.max_length is not None else r  # same keep_start cut as the ids
+            r = r[:width]
+            mask[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        out["completion_mask"] = mask
+        return out
+
+
+class ActionMaskedDPOTrainer(DPOTrainer):
+    """DPOTrainer on multi-turn pairs, log-probs over action tokens only."""
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        tok = self._tokenizer
+
+        def fn(ex):
+            return tokenize_pair(tok, ex["prompt"], ex["chosen"], ex["rejected"])
+
+        ds = dataset.map(fn, remove_columns=[c for c in dataset.column_names if c not in ("pair_id",)],
+                         desc=f"Tokenizing {dataset_name} pairs with action masks")
+        if args.max_length is not None:
+            ds = ds.filter(lambda ex: len(ex["prompt_ids"]) < args.max_length)
+        return ds
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        self._signature_columns = list(self._signature_columns) + list(MASK_COLUMNS)
+
+
+def dpo_config(out_dir: str, d: dict[str, Any], seed: int, report_to: str) -> DPOConfig:
+    return DPOConfig(
+        output_dir=out_dir, beta=d["beta"], loss_type=list(d["loss_type"]),
+        loss_weights=list(d["loss_weights"]) if d.get("loss_weights") else None,
+        learning_rate=d["lr"], num_train_epochs=d["epochs"], max_steps=d.get("max_steps") or -1,
+        per_device_train_batch_size=d["batch_size"], gradient_accumulation_steps=d["grad_accum"],
+        lr_scheduler_type=d["scheduler"], warmup_steps=d["warmup_ratio"], max_length=d["max_length"],
+        precompute_ref_log_probs=d["precompute_ref_log_probs"],
+        logging_steps=d["logging_steps"], save_strategy=d["save_strategy"], save_steps=d.get("save_steps") or 500,
+        save_total_limit=d["save_total_limit"], bf16=d["bf16"], use_cpu=d["use_cpu"],
+        activation_checkpointing=d["gradient_checkpointing"], seed=seed, data_seed=seed, report_to=report_to,
+        disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False)
+
+
+def make_dpo_trainer(model, ref_model, tokenizer, dataset, args: DPOConfig, peft_config=None):
+    from trl.trainer.callbacks import RichProgressCallback
+
+    collator = ActionMaskPreferenceCollator(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length,
+                                            truncation_mode=args.truncation_mode)
+    return ActionMaskedDPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=dataset,
+                                  processing_class=tokenizer, data_collator=collator, peft_config=peft_config,
+                                  callbacks=[RichProgressCallback()])

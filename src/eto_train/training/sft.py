@@ -1,0 +1,59 @@
+"""Behavior cloning: TRL's SFTTrainer on expert conversations, loss on assistant tokens only.
+
+The chat template marks assistant turns with ``{% generation %}``; ``assistant_only_loss``
+turns that into labels of -100 everywhere else (system, task, observations, padding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..records import Episode, to_messages
+
+
+def sft_dataset(episodes: list[Episode], only_success: bool = True):
+    from datasets import Dataset
+
+    rows = [{"messages": to_messages(ep)} for ep in episodes
+            if ep.steps and (ep.success or not only_success)]
+    if not rows:
+        raise ValueError("no usable trajectories for behavior cloning (need successful episodes with steps)")
+    return Dataset.from_list(rows)
+
+
+def sft_config(out_dir: str, train: dict[str, Any], seed: int, report_to: str):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=out_dir,
+        assistant_only_loss=True,
+        max_length=train["max_length"],
+        per_device_train_batch_size=train["batch_size"],
+        gradient_accumulation_steps=train["grad_accum"],
+        learning_rate=train["lr"],
+        lr_scheduler_type=train["scheduler"],
+        warmup_steps=train["warmup_ratio"],  # a float below 1 is a ratio of the total steps
+        weight_decay=train["weight_decay"],
+        num_train_epochs=train["epochs"],
+        max_steps=train.get("max_steps") or -1,
+        logging_steps=train["logging_steps"],
+        save_strategy=train["save_strategy"],
+        save_steps=train.get("save_steps") or 500,
+        save_total_limit=train["save_total_limit"],
+        bf16=train["bf16"],
+        activation_checkpointing=train["gradient_checkpointing"],
+        seed=seed,
+        data_seed=seed,
+        report_to=report_to,
+        disable_tqdm=True,  # rich progress instead
+        dataloader_num_workers=0,
+        use_cpu=train["use_cpu"],
+    )
+
+
+def make_trainer(model, tokenizer, dataset, args, peft_config=None):
+    from trl import SFTTrainer
+    from trl.trainer.callbacks import RichProgressCallback
+
+    return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                      peft_config=peft_config, callbacks=[RichProgressCallback()])

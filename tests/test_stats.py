@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from eto_train.stats import wilson_ci
+
+
+def test_wilson_matches_a_hand_computation():
+    # k=7, n=20, z=1.96: p=.35, centre=(.35+.096)/(1.19208)=.3741, half=1.96*sqrt(.011375+.0024)/1.19208
+    z = 1.959964
+    p, n = 0.35, 20
+    centre = (p + z * z / 40) / (1 + z * z / 20)
+    half = z * math.sqrt(p * (1 - p) / 20 + z * z / 1600) / (1 + z * z / 20)
+    lo, hi = wilson_ci(7, 20)
+    assert lo == pytest.approx(centre - half) and hi == pytest.approx(centre + half)
+    assert lo == pytest.approx(0.1812, abs=1e-4) and hi == pytest.approx(0.5671, abs=1e-4)
+
+
+def test_wilson_edges():
+    assert wilson_ci(0, 0) == (0.0, 0.0)
+    lo, hi = wilson_ci(0, 10)
+    assert lo == 0.0 and 0.25 < hi < 0.35
+    lo, hi = wilson_ci(10, 10)
+    assert hi == pytest.approx(1.0) and 0.65 < lo < 0.75
