@@ -36,6 +36,12 @@ def setup_runtime(threads: int) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(int(threads))
+    # One rich display per stage: silence the libraries' own tqdm bars.
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
 
 
 def setup_wandb(wandb_cfg: dict[str, Any], run_dir: Path) -> str:
