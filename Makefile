@@ -6,7 +6,7 @@ TORCH   ?= torch==2.13.0
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model bc eval demo test bench clean help
+.PHONY: setup experts model bc eval eto-iter eto demo test bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -31,6 +31,12 @@ bc: model ## behavior cloning (SFT on expert actions only)
 
 eval: setup ## evaluate a policy (default: the bc model) on held-out seen/unseen seeds
 	$(PY) scripts/evaluate.py $(ARGS)
+
+eto-iter: setup ## one ETO iteration (explore -> pairs -> dpo -> eval on dev) from the latest policy
+	$(PY) scripts/eto_iter.py $(ARGS)
+
+eto: setup ## bc if needed, then ETO iterations up to eto.iterations with early stopping; best policy on test
+	$(PY) scripts/eto.py $(ARGS)
 
 demo: ## the main job on the CPU default: bc, then eval of the bc policy
 	$(MAKE) bc eval ARGS="run_name=demo $(ARGS)"

@@ -1,45 +1,16 @@
-"""Stage `model`: build the offline tiny base model from the expert trajectories' text.
+"""Build the offline tiny base model (make model).
 
-    python scripts/build_model.py [overrides]      (make model)
-
-Nothing is downloaded: a BPE tokenizer is trained on the rendered expert conversations, a small
-Llama config is initialised from the seed, and both are saved with save_pretrained.
+    python scripts/build_model.py [hydra overrides]
 """
 
-from __future__ import annotations
-
 import hydra
-from rich.console import Console
 
-from eto_train.model.tiny import build_tiny_model, save, train_tokenizer
-from eto_train.records import to_messages
-from eto_train.stage import Stage, setup_runtime, to_plain
-from eto_train.store import read_episodes
+from eto_train.stages import model
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
-    console = Console()
-    if not cfg.model.build:
-        console.print(f"[model] model.build=false: using {cfg.model.path} as it is")
-        return
-    setup_runtime(cfg.runtime.train_threads)
-    stage = Stage("model", cfg.model.path, {"model": to_plain(cfg.model), "seed": cfg.seed},
-                  inputs={"experts": cfg.paths.experts})
-    if stage.done():
-        return
-    episodes = read_episodes(cfg.paths.experts)
-    texts = []
-    for ep in episodes:
-        for m in to_messages(ep):
-            texts.append(m["content"])
-    tok = train_tokenizer(texts, **to_plain(cfg.model.tokenizer))
-    model = build_tiny_model(tok, seed=cfg.seed, **to_plain(cfg.model.arch))
-    save(model, tok, cfg.model.path)
-    n_params = sum(p.numel() for p in model.parameters())
-    stage.finish({"parameters": n_params, "vocab_size": len(tok)})
-    console.print(f"[model] tiny Llama with {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} "
-                  f"-> {cfg.model.path}")
+    model.run(cfg)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from .records import NOT_POLICY_FAULT, Episode, to_messages
 class Pair:
     pair_id: str
     task_id: str
-    kind: str  # "trajectory" or "step"
+    kind: str  # "trajectory", "step" or "self"
     step: int | None  # step-level: the 0-based index t of the contrasted action
     chosen_policy: str
     rejected_policy: str
@@ -69,6 +69,30 @@ def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int = 5) -> Pa
                 prompt=prompt, chosen=chosen_msgs, rejected=rejected_msgs)
 
 
+def self_pair(best: Episode, worst: Episode, extra_turns: int = 5) -> Pair | None:
+    """On-policy pair (beyond the paper): the policy's own best against its worst on one task."""
+    if best.task_id != worst.task_id:
+        raise ValueError(f"pair of different tasks: {best.task_id} vs {worst.task_id}")
+    if best.status in NOT_POLICY_FAULT or worst.status in NOT_POLICY_FAULT:
+        return None
+    if best.final_score <= worst.final_score or not best.steps or not worst.steps:
+        return None
+    prompt, chosen = _split(to_messages(best))
+    _, rejected = _split(to_messages(worst, max_turns=best.num_steps + extra_turns))
+    return Pair(pair_id=_pid("self", best.episode_id, worst.episode_id), task_id=best.task_id, kind="self",
+                step=None, chosen_policy=best.policy.id, rejected_policy=worst.policy.id,
+                chosen_score=best.final_score, rejected_score=worst.final_score,
+                prompt=prompt, chosen=chosen, rejected=rejected)
+
+
+def first_divergence(expert: Episode, agent: Episode) -> int | None:
+    """The first step where the agent's action differs from the expert's (None: never)."""
+    for t, (e, a) in enumerate(zip(expert.steps, agent.steps)):
+        if e.action != a.action:
+            return t
+    return None
+
+
 def step_pair(expert: Episode, continuation: Episode, t: int) -> Pair | None:
     """Step-level pair: the expert's a_t against the policy's action at t after the expert prefix.
 
@@ -82,6 +106,8 @@ def step_pair(expert: Episode, continuation: Episode, t: int) -> Pair | None:
         return None
     if continuation.steps[t].action == expert.steps[t].action:
         return None
+    if [s.action for s in continuation.steps[:t]] != [s.action for s in expert.steps[:t]]:
+        raise ValueError(f"{expert.task_id}: continuation does not start with the expert's first {t} actions")
     prefix = to_messages(expert, max_turns=t + 1)[:-1]  # instruction + expert steps < t, ends on a user turn
     if t == 0:
         prefix = prefix[: next(i for i, m in enumerate(prefix) if m["role"] == "user") + 1]
@@ -95,15 +121,17 @@ def step_pair(expert: Episode, continuation: Episode, t: int) -> Pair | None:
 
 def pair_stats(pairs: list[Pair], considered: int) -> dict[str, Any]:
     """Win/tie/lose counts seen from the agent, and length statistics of the pairs."""
-    agent_won = sum(p.chosen_policy != "expert" for p in pairs)
-    agent_lost = len(pairs) - agent_won
+    vs_expert = [p for p in pairs if "expert" in (p.chosen_policy, p.rejected_policy)]
+    agent_won = sum(p.chosen_policy != "expert" for p in vs_expert)
+    agent_lost = len(vs_expert) - agent_won
 
     def turns(msgs):
         return sum(m["role"] == "assistant" for m in msgs)
 
     ch = [turns(p.chosen) for p in pairs] or [0]
     rj = [turns(p.rejected) for p in pairs] or [0]
-    return {"tasks": considered, "pairs": len(pairs), "agent_lost": agent_lost, "agent_won": agent_won,
-            "ties_or_unusable": considered - len(pairs),
+    return {"considered": considered, "pairs": len(pairs), "agent_lost": agent_lost, "agent_won": agent_won,
+            "no_pair": considered - len(pairs), "by_kind": {k: sum(p.kind == k for p in pairs)
+                                                          for k in ("trajectory", "step", "self")},
             "chosen_turns_mean": sum(ch) / len(ch), "rejected_turns_mean": sum(rj) / len(rj),
             "rejected_turns_max": max(rj)}

@@ -126,7 +126,7 @@ class Episode:
         return ep
 
 
-def episode_key(policy_id: str, task_id: str, sample_index: int, seed: int) -> str:
+def episode_key(policy_id: str, task_id: str, sample_index: int | str, seed: int) -> str:
     """Idempotency key of an episode: the same policy on the same task/sample/seed."""
     raw = f"{policy_id}|{task_id}|{sample_index}|{seed}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]

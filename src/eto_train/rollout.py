@@ -16,8 +16,25 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from .envs.base import Environment, EnvironmentFailure, StepResult, Task
-from .prompting import PromptConfig, first_user_message, parse_action, system_message
+from .prompting import PromptConfig, first_user_message, format_action, parse_action, system_message
 from .records import Episode, PolicyRef, Step, episode_key
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One episode to play: a task, a sample index and an optional expert prefix.
+
+    With a prefix (step-level contrast, paper App. B) the expert's first actions are replayed
+    and recorded as the episode's first steps; the policy acts from there on.
+    """
+
+    task: Task
+    sample_index: int = 0
+    prefix: tuple[str, ...] = ()
+
+    def key(self, policy_id: str, seed: int) -> str:
+        tag = f"{self.sample_index}+p{len(self.prefix)}" if self.prefix else self.sample_index
+        return episode_key(policy_id, self.task.task_id, tag, seed)
 
 
 @dataclass
@@ -83,8 +100,7 @@ class Policy:
 @dataclass
 class _Slot:
     env: Environment
-    task: Task | None = None
-    sample_index: int = 0
+    item: WorkItem | None = None
     episode: Episode | None = None
     conv: list[dict[str, str]] = field(default_factory=list)
     valid_actions: list[str] | None = None
@@ -100,7 +116,7 @@ class RolloutConfig:
 
 
 def run_rollouts(
-    work: Iterable[tuple[Task, int]],
+    work: Iterable[WorkItem | tuple[Task, int]],
     make_env: Callable[[], Environment],
     policy: Policy,
     policy_ref: PolicyRef,
@@ -109,11 +125,11 @@ def run_rollouts(
     on_episode: Callable[[Episode], None],
     on_step: Callable[[int], None] | None = None,
 ) -> None:
-    """Play every (task, sample index) in ``work``; hand each finished episode to ``on_episode``."""
+    """Play every item of ``work``; hand each finished episode to ``on_episode``."""
     import torch
 
     torch.manual_seed(cfg.seed)
-    queue = list(work)
+    queue = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
     queue.reverse()  # pop() from the end keeps the given order
     slots = [_Slot(env=make_env()) for _ in range(min(cfg.batch_size, len(queue)))]
     try:
@@ -139,32 +155,47 @@ def run_rollouts(
 def _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
     """Reset the slot's env on the next task; False when the queue is empty."""
     while queue:
-        task, sample_index = queue.pop()
-        slot.task, slot.sample_index, slot.attempts = task, sample_index, 0
+        slot.item, slot.attempts = queue.pop(), 0
         if _reset(slot, policy_ref, prompt, cfg, make_env, on_episode):
             return True
     return False
 
 
 def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
-    task = slot.task
+    task, item = slot.item.task, slot.item
     sys_msg = system_message(prompt, slot.env.action_forms(task.game))
     ep = Episode(
-        episode_id=episode_key(policy_ref.id, task.task_id, slot.sample_index, cfg.seed),
+        episode_id=item.key(policy_ref.id, cfg.seed),
         task_id=task.task_id, env=task.env, game=task.game, fold=task.fold, seed=task.seed,
         split=task.split, env_version=slot.env.version, policy=policy_ref,
         prompt_version=prompt.version, system=sys_msg["content"], first_user="",
-        instruction="", first_observation="", sample_index=slot.sample_index,
-        env_params={"max_steps": slot.env.max_steps(task)})
+        instruction="", first_observation="", sample_index=item.sample_index,
+        env_params={"max_steps": slot.env.max_steps(task), "expert_prefix": len(item.prefix)})
     try:
         instruction, first = slot.env.reset(task)
+        user = first_user_message(prompt, instruction, first.observation)
+        ep.instruction, ep.first_observation, ep.first_user = instruction, first.observation, user["content"]
+        slot.episode, slot.conv = ep, [sys_msg, user]
+        slot.valid_actions, slot.reward = first.valid_actions, first.reward
+        for action in item.prefix:  # the expert's steps, replayed
+            res = slot.env.step(action)
+            _record(slot, format_action(action), action, action in (slot.valid_actions or [action]), res, 0.0, 0, 0, 0)
     except EnvironmentFailure as exc:
         return _env_failed(slot, ep, exc, policy_ref, prompt, cfg, make_env, on_episode)
-    user = first_user_message(prompt, instruction, first.observation)
-    ep.instruction, ep.first_observation, ep.first_user = instruction, first.observation, user["content"]
-    slot.episode, slot.conv = ep, [sys_msg, user]
-    slot.valid_actions, slot.reward = first.valid_actions, first.reward
+    if ep.steps and (ep.steps[-1].done or len(ep.steps) >= slot.env.max_steps(task)):
+        raise ValueError(f"{task.task_id}: expert prefix of {len(item.prefix)} steps already ends the episode")
     return True
+
+
+def _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped) -> None:
+    ep = slot.episode
+    slot.valid_actions = res.valid_actions if action is not None else slot.valid_actions
+    slot.reward = res.reward
+    ep.truncated_turns = max(ep.truncated_turns, dropped)
+    ep.steps.append(Step(index=len(ep.steps), raw_output=text, action=action, valid=valid,
+                         observation=res.observation, reward=res.reward, done=res.done,
+                         latency_s=round(latency, 4), prompt_tokens=n_prompt, completion_tokens=n_new))
+    slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": res.observation}]
 
 
 def _env_failed(slot, ep, exc, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
@@ -184,7 +215,7 @@ def _env_failed(slot, ep, exc, policy_ref, prompt, cfg, make_env, on_episode) ->
 
 def _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_env, on_episode) -> bool:
     """Apply one model output to the slot's episode; False when the episode has ended."""
-    ep, task = slot.episode, slot.task
+    ep, task = slot.episode, slot.item.task
     action = parse_action(text)
     if action is None:
         res = StepResult(observation=prompt.invalid_format, reward=slot.reward, done=False, success=False)
@@ -195,13 +226,7 @@ def _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_en
             res = slot.env.step(action)
         except EnvironmentFailure as exc:
             return _env_failed(slot, ep, exc, ep.policy, prompt, cfg, make_env, on_episode)
-        slot.valid_actions = res.valid_actions
-    slot.reward = res.reward
-    ep.truncated_turns = max(ep.truncated_turns, dropped)
-    ep.steps.append(Step(index=len(ep.steps), raw_output=text, action=action, valid=valid,
-                         observation=res.observation, reward=res.reward, done=res.done,
-                         latency_s=round(latency, 4), prompt_tokens=n_prompt, completion_tokens=n_new))
-    slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": res.observation}]
+    _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped)
     if res.done or len(ep.steps) >= slot.env.max_steps(task):
         ep.finish("success" if res.success else "failure" if res.done else "max_steps")
         on_episode(ep)

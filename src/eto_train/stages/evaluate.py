@@ -1,0 +1,43 @@
+"""Stage `eval`: batched rollouts of one policy on held-out splits; metrics with 95% CIs.
+
+Episodes are appended to <out>/<split>/episodes.jsonl as they finish; an interrupted
+evaluation resumes where it stopped (episodes already recorded are kept, none is played twice).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..evaluation import evaluate, metrics_table
+from ..model.load import is_local, policy_ref
+from ..stage import setup_runtime, to_plain
+from .rollouts import Rollouts
+
+
+def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
+    """Play ``splits`` with the policy at ``policy_path``; results under ``out_root/<split>``."""
+    setup_runtime(cfg.runtime.rollout_threads)
+    ref = policy_ref(policy_path, name=tag)
+    rollouts = Rollouts(cfg, policy_path, ref, sampling=to_plain(cfg.eval.generation),
+                        batch_size=cfg.eval.batch_size)
+    results = {}
+    for split in splits:
+        out = out_root / split
+        episodes = rollouts.play(f"eval/{tag}/{split}", out, [(t, 0) for t in rollouts.tasks(split)],
+                                 extra_config={"split": split})
+        res = evaluate(episodes)
+        res["policy"] = ref.id
+        results[split] = res
+        (out / "metrics.json").write_text(json.dumps(res, indent=2, sort_keys=True))
+    return results
+
+
+def run(cfg) -> None:
+    ev = cfg.eval
+    results = evaluate_policy(cfg, ev.policy, ev.tag, list(ev.splits), Path(cfg.paths.run) / "eval" / ev.tag)
+    policy_id = next(iter(results.values()))["policy"] if results else ev.policy
+    Console().print(metrics_table(f"{ev.tag} ({policy_id})", results))

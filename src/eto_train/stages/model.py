@@ -1,0 +1,34 @@
+"""Stage `model`: build the offline tiny base model from the expert trajectories' text.
+
+Nothing is downloaded: a BPE tokenizer is trained on the rendered expert conversations, a small
+Llama config is initialised from the seed, and both are saved with save_pretrained.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from ..model.tiny import build_tiny_model, save, train_tokenizer
+from ..records import to_messages
+from ..stage import Stage, setup_runtime, to_plain
+from ..store import read_episodes
+
+
+def run(cfg) -> None:
+    console = Console()
+    if not cfg.model.build:
+        console.print(f"[model] model.build=false: using {cfg.model.path} as it is")
+        return
+    setup_runtime(cfg.runtime.train_threads)
+    stage = Stage("model", cfg.model.path, {"model": to_plain(cfg.model), "seed": cfg.seed},
+                  inputs={"experts": cfg.paths.experts})
+    if stage.done():
+        return
+    texts = [m["content"] for ep in read_episodes(cfg.paths.experts) for m in to_messages(ep)]
+    tok = train_tokenizer(texts, **to_plain(cfg.model.tokenizer))
+    model = build_tiny_model(tok, seed=cfg.seed, **to_plain(cfg.model.arch))
+    save(model, tok, cfg.model.path)
+    n_params = sum(p.numel() for p in model.parameters())
+    stage.finish({"parameters": n_params, "vocab_size": len(tok)})
+    console.print(f"[model] tiny Llama with {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} "
+                  f"-> {cfg.model.path}")

@@ -1,0 +1,67 @@
+"""Stage `pairs` (ETO step 3): failure/success pairs by trajectory, step, mixture or self."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+
+from rich.console import Console
+
+from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
+from ..records import Episode
+from ..stage import to_plain
+from ..store import read_episodes, write_atomic, write_json
+
+import json
+
+
+def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
+                continuations: list[Episode], seed: int) -> tuple[list[Pair], dict]:
+    pc = cfg.eto.pairs
+    by_task: dict[str, list[Episode]] = defaultdict(list)
+    for e in explored:
+        by_task[e.task_id].append(e)
+    traj, step, own = [], [], []
+    if pc.chosen in ("expert", "both"):
+        for tid, eps in sorted(by_task.items()):
+            if tid not in experts:
+                continue
+            for e in eps:
+                if pc.contrast in ("trajectory", "mixture"):
+                    if (p := trajectory_pair(experts[tid], e, pc.extra_turns)) is not None:
+                        traj.append(p)
+                if pc.contrast in ("step", "mixture") and pc.step_positions == "first_divergence":
+                    t = first_divergence(experts[tid], e)
+                    if t is not None and (p := step_pair(experts[tid], e, t)) is not None:
+                        step.append(p)
+        for c in continuations:
+            t = c.env_params.get("expert_prefix", 0)
+            if c.task_id in experts and (p := step_pair(experts[c.task_id], c, t)) is not None:
+                step.append(p)
+    if pc.chosen in ("self", "both"):
+        for tid, eps in sorted(by_task.items()):
+            ranked = sorted(eps, key=lambda e: (e.final_score, -e.num_steps, e.episode_id))
+            if len(ranked) >= 2 and (p := self_pair(ranked[-1], ranked[0], pc.extra_turns)) is not None:
+                own.append(p)
+    if pc.contrast == "mixture" and traj and step:
+        # keep the step share at mixture_step_fraction of the union (deterministic subsample)
+        f = pc.mixture_step_fraction
+        want_step = min(len(step), round(f / (1 - f) * len(traj))) if f < 1 else len(step)
+        step = sorted(random.Random(seed).sample(step, want_step), key=lambda p: p.pair_id)
+    pairs = traj + step + own
+    considered = len(explored) + len(continuations)
+    return pairs, pair_stats(pairs, considered)
+
+
+def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:
+    console = Console()
+    experts = {e.task_id: e for e in read_episodes(cfg.paths.experts) if e.success}
+    pairs, stats = build_pairs(cfg, experts, explored, continuations, cfg.seed + iteration)
+    stats["config"] = to_plain(cfg.eto.pairs)
+    write_atomic(out / "pairs" / "pairs.jsonl", "".join(json.dumps(p.to_dict(), sort_keys=True) + "\n" for p in pairs))
+    write_json(out / "pairs" / "stats.json", stats)
+    console.print(f"[pairs] iteration {iteration}: {stats['pairs']} pairs {stats['by_kind']} "
+                  f"(agent lost {stats['agent_lost']}, won {stats['agent_won']}, no pair {stats['no_pair']}); "
+                  f"rejected turns mean {stats['rejected_turns_mean']:.1f}")
+    return pairs
