@@ -1,0 +1,107 @@
+"""Pair rules on constructed episodes (the paper's trajectory rule and App. B's step rule)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eto_train.pairs import first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
+from eto_train.records import Episode, PolicyRef, Step
+
+
+def ep(actions, score, policy="expert", status=None, task="g/train/1", eid=None):
+    e = Episode(episode_id=eid or f"{policy}-{task}-{len(actions)}-{score}", task_id=task, env="t", game="g",
+                fold="train", seed=1, split="train", env_version="v", policy=PolicyRef(id=policy),
+                prompt_version="react-v1", system="SYS", first_user="TASK+OBS0", instruction="TASK",
+                first_observation="OBS0")
+    for i, a in enumerate(actions):
+        e.steps.append(Step(index=i, raw_output=f"Action: {a}", action=a, valid=True, observation=f"obs{i + 1}",
+                            reward=score if i == len(actions) - 1 else 0.0, done=i == len(actions) - 1))
+    e.finish(status or ("success" if score == 1.0 else "failure"))
+    return e
+
+
+def actions_of(msgs):
+    return [m["content"].removeprefix("Action: ") for m in msgs if m["role"] == "assistant"]
+
+
+EXPERT = ep(["a", "b", "c"], 1.0)
+
+
+def test_lower_agent_reward_is_rejected_and_expert_chosen():
+    agent = ep(["a", "x", "y"], 0.5, policy="pi@1", status="max_steps")
+    p = trajectory_pair(EXPERT, agent)
+    assert (p.chosen_policy, p.rejected_policy) == ("expert", "pi@1")
+    assert (p.chosen_score, p.rejected_score) == (1.0, 0.5)
+    assert p.prompt == [{"role": "system", "content": "SYS"}, {"role": "user", "content": "TASK+OBS0"}]
+    assert actions_of(p.chosen) == ["a", "b", "c"] and actions_of(p.rejected) == ["a", "x", "y"]
+    # observations between actions are part of the completion, alternating, ending on an action
+    assert [m["role"] for m in p.chosen] == ["assistant", "user", "assistant", "user", "assistant"]
+    assert p.chosen[1] == {"role": "user", "content": "obs1"}
+
+
+def test_an_agent_that_beats_the_expert_is_chosen():
+    weak_expert = ep(["a", "b"], 0.5, status="failure")
+    agent = ep(["a", "b", "c"], 1.0, policy="pi@1")
+    p = trajectory_pair(weak_expert, agent)
+    assert (p.chosen_policy, p.rejected_policy) == ("pi@1", "expert")
+
+
+def test_ties_are_dropped():
+    assert trajectory_pair(EXPERT, ep(["a", "b", "z", "c"], 1.0, policy="pi@1")) is None
+
+
+def test_rejected_is_cut_to_expert_length_plus_five_turns_and_ends_on_an_action():
+    loop = ep(["look"] * 15, 0.0, policy="pi@1", status="max_steps")
+    p = trajectory_pair(EXPERT, loop)
+    assert len(actions_of(p.rejected)) == 3 + 5
+    assert p.rejected[-1]["role"] == "assistant" and p.chosen[-1]["role"] == "assistant"
+    assert len(actions_of(trajectory_pair(EXPERT, loop, extra_turns=2).rejected)) == 5
+    short = ep(["x"], 0.0, policy="pi@1")
+    assert len(actions_of(trajectory_pair(EXPERT, short).rejected)) == 1
+
+
+@pytest.mark.parametrize("status", ["environment_failure", "orchestrator_failure", "evaluator_failure"])
+def test_episodes_the_policy_is_not_to_blame_for_are_never_negatives(status):
+    crashed = ep(["a"], 0.0, policy="pi@1", status=status)
+    assert trajectory_pair(EXPERT, crashed) is None
+    assert step_pair(EXPERT, crashed, 0) is None
+
+
+def test_pairs_of_different_tasks_are_refused():
+    with pytest.raises(ValueError, match="different tasks"):
+        trajectory_pair(EXPERT, ep(["a"], 0.0, policy="pi@1", task="g/train/2"))
+
+
+def test_step_pair_conditions_on_the_expert_prefix_and_contrasts_one_action():
+    cont = ep(["a", "b", "q", "r"], 0.0, policy="pi@1", status="max_steps")  # expert's a, b then the policy
+    assert first_divergence(EXPERT, cont) == 2
+    p = step_pair(EXPERT, cont, 2)
+    assert p.kind == "step" and p.step == 2
+    assert [m["role"] for m in p.prompt] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert actions_of(p.prompt) == ["a", "b"] and p.prompt[-1]["content"] == "obs2"
+    assert p.chosen == [{"role": "assistant", "content": "Action: c"}]
+    assert p.rejected == [{"role": "assistant", "content": "Action: q"}]
+
+
+def test_step_pair_at_the_first_step_has_the_task_as_prompt():
+    p = step_pair(EXPERT, ep(["z", "z"], 0.0, policy="pi@1"), 0)
+    assert [m["role"] for m in p.prompt] == ["system", "user"]
+    assert actions_of(p.chosen) == ["a"] and actions_of(p.rejected) == ["z"]
+
+
+def test_no_step_pair_when_the_policy_does_as_well_or_takes_the_expert_action():
+    assert step_pair(EXPERT, ep(["a", "b", "d", "c"], 1.0, policy="pi@1"), 2) is None  # same final reward
+    assert step_pair(EXPERT, ep(["a", "b", "c", "x"], 0.0, policy="pi@1"), 2) is None  # same action at t
+    with pytest.raises(ValueError, match="expert's first 2 actions"):
+        step_pair(EXPERT, ep(["a", "x", "q"], 0.0, policy="pi@1"), 2)
+
+
+def test_self_pair_and_stats():
+    best = ep(["a", "b", "c"], 1.0, policy="pi@1", eid="best")
+    worst = ep(["x"] * 12, 0.0, policy="pi@1", status="max_steps", eid="worst")
+    p = self_pair(best, worst)
+    assert p.kind == "self" and len(actions_of(p.rejected)) == 8
+    assert self_pair(best, best) is None
+    s = pair_stats([p, trajectory_pair(EXPERT, worst)], considered=3)
+    assert s["pairs"] == 2 and s["agent_lost"] == 1 and s["no_pair"] == 1
+    assert s["by_kind"] == {"trajectory": 1, "step": 0, "self": 1}
