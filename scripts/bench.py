@@ -52,16 +52,23 @@ def main(cfg) -> None:
     work = [(t, 0) for t in tasks]
 
     # -- 1. batched vs sequential rollouts, alternated so drift hits both ----------------------
-    batched, sequential = [], []
+    import torch
+
+    batched, batched2, sequential = [], [], []
     for _ in range(b.repeats):
+        torch.set_num_threads(cfg.runtime.rollout_threads)
         tb, eps_b = _rollouts(work, env_cfg, policy, ref, prompt, b.episodes)
         ts, eps_s = _rollouts(work, env_cfg, policy, ref, prompt, 1)
+        torch.set_num_threads(2)  # the alternative thread count, same batch
+        tb2, _ = _rollouts(work, env_cfg, policy, ref, prompt, b.episodes)
         batched.append(tb)
         sequential.append(ts)
+        batched2.append(tb2)
+    torch.set_num_threads(cfg.runtime.rollout_threads)
     steps = sum(e.num_steps for e in eps_b)
     same = {e.task_id: [s.raw_output for s in e.steps] for e in eps_b} == \
            {e.task_id: [s.raw_output for s in e.steps] for e in eps_s}
-    mb, ms = statistics.median(batched), statistics.median(sequential)
+    mb, ms, mb2 = statistics.median(batched), statistics.median(sequential), statistics.median(batched2)
 
     # -- 2. BC training tokens/s ------------------------------------------------------------
     setup_runtime(cfg.runtime.train_threads)
@@ -84,7 +91,8 @@ def main(cfg) -> None:
                     "batched_seconds": batched, "sequential_seconds": sequential,
                     "batched_median_s": mb, "sequential_median_s": ms, "speedup": ms / mb,
                     "batched_steps_per_s": steps / mb, "sequential_steps_per_s": steps / ms,
-                    "identical_outputs": same, "threads": cfg.runtime.rollout_threads},
+                    "identical_outputs": same, "threads": cfg.runtime.rollout_threads,
+                    "batched_2_threads_seconds": batched2, "batched_2_threads_median_s": mb2},
         "bc": {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
                "tokens_per_second": bc_tps, "batch_size": cfg.bc.batch_size,
                "threads": cfg.runtime.train_threads},
@@ -94,9 +102,11 @@ def main(cfg) -> None:
     t = Table(title=f"make bench ({ref.id})")
     t.add_column("measure")
     t.add_column("value", justify="right")
-    t.add_row(f"rollouts, batched x{b.episodes} (median of {b.repeats})", f"{mb:.2f} s  ({steps / mb:.1f} steps/s)")
+    t.add_row(f"rollouts, batched x{b.episodes}, {cfg.runtime.rollout_threads} thread(s) (median of {b.repeats})", f"{mb:.2f} s  ({steps / mb:.1f} steps/s)")
     t.add_row("rollouts, one episode at a time (median)", f"{ms:.2f} s  ({steps / ms:.1f} steps/s)")
     t.add_row("speedup batched / sequential", f"{ms / mb:.1f}x")
+    t.add_row(f"rollouts, batched x{b.episodes} with 2 torch threads (median)",
+              f"{mb2:.2f} s  ({mb / mb2:.2f}x the {cfg.runtime.rollout_threads}-thread speed)")
     t.add_row("same greedy outputs both ways", str(same))
     t.add_row(f"BC training ({res.global_step} steps, batch {cfg.bc.batch_size})", f"{bc_tps:.0f} tokens/s")
     console.print(t)

@@ -16,7 +16,8 @@ TOY = [
     "model.tokenizer.vocab_size=300", "model.arch.hidden_size=32", "model.arch.num_layers=1",
     "model.arch.num_heads=2", "model.arch.intermediate_size=64",
     "bc.max_steps=3", "bc.batch_size=4", "bc.save_steps=2", "wandb.enabled=false",
-    "eval.batch_size=4", "eval.generation.max_new_tokens=6",
+    "eval.batch_size=4", "eval.generation.max_new_tokens=6", "env.splits.dev.count=1",
+    "eto.explore.tasks_per_game=3", "eto.explore.batch_size=6", "eto.dpo.max_steps=2", "eto.dpo.batch_size=2", "eto.dpo.logging_steps=1",
 ]
 
 
@@ -33,26 +34,47 @@ def _ok(proc):
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    for script in ("experts.py", "build_model.py", "bc.py", "evaluate.py"):
+    for script in ("experts.py", "build_model.py", "bc.py", "evaluate.py", "eto_iter.py"):
         _ok(run_stage(script, runs))
     return runs / "toy"
 
 
 def test_stages_write_their_outputs_and_manifests(toy_run):
-    assert (toy_run / "experts" / "train.jsonl").read_text().count("\n") == 2 * 4
+    experts = [json.loads(line) for line in (toy_run / "experts" / "train.jsonl").read_text().splitlines()]
+    games = {e["game"] for e in experts}
+    assert len(experts) == 4 * len(games) and len(games) == 2  # the default config mixes two games
     assert (toy_run / "model" / "model.safetensors").exists()
     assert (toy_run / "bc" / "model" / "model.safetensors").exists()
     bc = json.loads((toy_run / "bc" / "manifest.json").read_text())
     assert bc["status"] == "done" and bc["metrics"]["optimizer_steps"] == 3
     assert bc["input_hashes"]["experts"] and bc["versions"]["trl"] and bc["threads"] == 2
-    for split, n in (("seen", 4), ("unseen", 2)):
+    for split, n in (("seen", 2 * 2), ("unseen", 2 * 1)):
         d = toy_run / "eval" / "bc" / split
         m = json.loads((d / "metrics.json").read_text())
-        assert m["overall"]["episodes"] == n and set(m["per_game"]) == {"sorting", "mapreader"}
+        assert m["overall"]["episodes"] == n and set(m["per_game"]) == games
         lo, hi = m["overall"]["success_ci95"]
         assert 0.0 <= lo <= m["overall"]["success_rate"] <= hi <= 1.0
         assert json.loads((d / "manifest.json").read_text())["threads"] == 1
         assert m["policy"].startswith("bc@")
+
+
+def test_one_eto_iteration_explores_pairs_trains_and_evaluates(toy_run):
+    it = toy_run / "eto" / "iter1"
+    explored = [json.loads(line) for line in (it / "explore" / "episodes.jsonl").read_text().splitlines()]
+    assert len(explored) == 2 * 3 and {e["policy"]["id"].split("@")[0] for e in explored} == {"bc"}
+    stats = json.loads((it / "pairs" / "stats.json").read_text())
+    pairs = [json.loads(line) for line in (it / "pairs" / "pairs.jsonl").read_text().splitlines()]
+    assert stats["pairs"] == len(pairs) > 0  # an untrained-ish policy loses to the expert
+    assert all(p["chosen_policy"] == "expert" and p["rejected"][-1]["role"] == "assistant" for p in pairs)
+    dpo = json.loads((it / "dpo" / "manifest.json").read_text())
+    assert dpo["status"] == "done" and dpo["metrics"]["optimizer_steps"] == 2
+    first = dpo["metrics"]["first_log"]
+    assert abs(first["loss"] - 0.6931) < 1e-3  # policy == reference at step 0: log 2
+    summary = json.loads((it / "summary.json").read_text())
+    assert summary["dev"]["episodes"] == 2 and summary["policy"].endswith("iter1/dpo/model")
+    # the next `make eto-iter` starts from this iteration's policy
+    proc = _ok(run_stage("eto_iter.py", toy_run.parent, "eto.iterations=1"))
+    assert "cap eto.iterations=1 is reached" in proc.stdout
 
 
 def test_rerun_with_same_config_does_nothing(toy_run):

@@ -64,7 +64,7 @@ def metrics_table(title: str, results: dict[str, dict[str, Any]]):
 
     t = Table(title=title)
     for col in ("split", "game", "n", "success [95% CI]", "score", "invalid", "steps", "loops", "env fail"):
-        t.add_column(col, justify="right" if col not in ("split", "game") else "left")
+        t.add_column(col, justify="right" if col not in ("split", "game") else "left", no_wrap=True)
     for split, res in results.items():
         rows = list(res["per_game"].items()) + [("ALL", res["overall"])]
         for game, m in rows:

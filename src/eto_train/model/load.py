@@ -29,6 +29,7 @@ def weights_sha256(path: str | Path) -> str:
 
 
 def policy_ref(path_or_id: str, name: str | None = None) -> PolicyRef:
+    check_checkpoint(path_or_id)
     p = Path(path_or_id)
     if p.is_dir():
         sha = weights_sha256(p)
@@ -58,6 +59,7 @@ def check_checkpoint(path_or_id: str) -> None:
 def load_tokenizer(path_or_id: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    check_checkpoint(path_or_id)
     tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
