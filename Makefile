@@ -6,7 +6,7 @@ TORCH   ?= torch==2.13.0
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model bc eval eto-iter eto demo test bench clean help
+.PHONY: setup experts model bc eval eto-iter eto compare-contrast demo test bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -37,6 +37,9 @@ eto-iter: setup ## one ETO iteration (explore -> pairs -> dpo -> eval on dev) fr
 
 eto: setup ## bc if needed, then ETO iterations up to eto.iterations with early stopping; best policy on test
 	$(PY) scripts/eto.py $(ARGS)
+
+compare-contrast: setup ## trajectory / step / mixture DPO and an SFT control from one BC checkpoint, paired vs BC
+	$(PY) scripts/compare.py $(ARGS)
 
 demo: ## the main job on the CPU default: bc, then eval of the bc policy
 	$(MAKE) bc eval ARGS="run_name=demo $(ARGS)"

@@ -34,7 +34,7 @@ def _ok(proc):
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    for script in ("experts.py", "build_model.py", "bc.py", "evaluate.py", "eto_iter.py"):
+    for script in ("experts.py", "build_model.py", "bc.py", "evaluate.py", "eto_iter.py", "compare.py"):
         _ok(run_stage(script, runs))
     return runs / "toy"
 
@@ -75,6 +75,23 @@ def test_one_eto_iteration_explores_pairs_trains_and_evaluates(toy_run):
     # the next `make eto-iter` starts from this iteration's policy
     proc = _ok(run_stage("eto_iter.py", toy_run.parent, "eto.iterations=1"))
     assert "cap eto.iterations=1 is reached" in proc.stdout
+
+
+def test_compare_trains_every_variant_and_the_control_from_bc_and_pairs_them(toy_run):
+    out = toy_run / "compare"
+    res = json.loads((out / "compare.json").read_text())
+    assert set(res["policies"]) == {"bc", "trajectory", "step", "mixture", "control"}
+    control = json.loads((out / "control" / "manifest.json").read_text())
+    assert control["metrics"]["optimizer_steps"] == res["dpo_steps"]["trajectory"] == 2
+    seen = res["splits"]["seen"]
+    assert {r["n"] for r in seen.values()} == {4}  # the same seeds for every policy
+    lo, hi = seen["step"]["vs_bc"]["diff_ci95"]
+    assert lo <= seen["step"]["vs_bc"]["diff"] <= hi
+    assert "| seen | control |" in (out / "compare.md").read_text()
+    assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    # step pairs contrast one action after the expert prefix
+    step_pairs = [json.loads(x) for x in (out / "step" / "pairs" / "pairs.jsonl").read_text().splitlines()]
+    assert all(p["kind"] == "step" and len(p["chosen"]) == len(p["rejected"]) == 1 for p in step_pairs)
 
 
 def test_rerun_with_same_config_does_nothing(toy_run):

@@ -24,3 +24,29 @@ def test_wilson_edges():
     assert lo == 0.0 and 0.25 < hi < 0.35
     lo, hi = wilson_ci(10, 10)
     assert hi == pytest.approx(1.0) and 0.65 < lo < 0.75
+
+
+def test_mcnemar_exact_by_hand():
+    from eto_train.stats import mcnemar_exact
+
+    # 6 discordant pairs, all favouring b: p = 2 * (1/2)^6 = 0.03125
+    a = [False] * 6 + [True] * 4
+    b = [True] * 6 + [True] * 4
+    assert mcnemar_exact(a, b) == pytest.approx(0.03125)
+    # 3 vs 1 discordant: p = 2 * (C(4,0)+C(4,1)) / 16 = 0.625
+    a = [False, False, False, True, True]
+    b = [True, True, True, False, True]
+    assert mcnemar_exact(a, b) == pytest.approx(0.625)
+    assert mcnemar_exact([True, False], [True, False]) == 1.0
+
+
+def test_paired_bootstrap_centres_on_the_mean_difference():
+    from eto_train.stats import paired_bootstrap_ci
+
+    a = [0, 0, 1, 1, 0, 1, 0, 0, 1, 0] * 5
+    b = [1, 0, 1, 1, 1, 1, 0, 1, 1, 0] * 5
+    mean, lo, hi = paired_bootstrap_ci(a, b, n_boot=1000, seed=1)
+    assert mean == pytest.approx(0.3)
+    assert lo < 0.3 < hi and lo > 0.1 and hi < 0.5
+    with pytest.raises(ValueError, match="equal in length"):
+        paired_bootstrap_ci([1], [1, 0])

@@ -14,3 +14,31 @@ def wilson_ci(successes: int, n: int, z: float = 1.959964) -> tuple[float, float
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_bootstrap_ci(a: list[float], b: list[float], n_boot: int = 2000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of b - a over paired items, with a percentile bootstrap interval (resampling items)."""
+    import random
+
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired samples must be non-empty and equal in length ({len(a)} vs {len(b)})")
+    diffs = [y - x for x, y in zip(a, b)]
+    n = len(diffs)
+    rng = random.Random(seed)
+    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_boot))
+    lo_i = int((1 - level) / 2 * n_boot)
+    hi_i = min(n_boot - 1, int((1 + level) / 2 * n_boot))
+    return sum(diffs) / n, means[lo_i], means[hi_i]
+
+
+def mcnemar_exact(a: list[bool], b: list[bool]) -> float:
+    """Two-sided exact McNemar p-value for paired binary outcomes (binomial on discordant pairs)."""
+    n01 = sum((not x) and y for x, y in zip(a, b))  # b succeeded where a failed
+    n10 = sum(x and (not y) for x, y in zip(a, b))
+    n = n01 + n10
+    if n == 0:
+        return 1.0
+    k = min(n01, n10)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)

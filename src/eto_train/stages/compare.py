@@ -1,0 +1,176 @@
+"""Stage `compare`: trajectory vs step vs mixture contrast from one BC checkpoint, made fair.
+
+All variants start from the same BC policy and share one exploration (same data, same seeds).
+A control continues BC with SFT on the same chosen trajectories for the same number of
+optimizer steps as the trajectory variant's DPO, so that a gain cannot come from extra
+training alone. Every policy is evaluated on the same held-out seeds; each variant's
+difference to BC is reported per split with a paired bootstrap 95% interval and an exact
+McNemar p-value, in a table (JSON + markdown) and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf, open_dict
+from rich.console import Console
+from rich.table import Table
+
+from ..stage import Stage, setup_runtime, setup_wandb, to_plain
+from ..stats import mcnemar_exact, paired_bootstrap_ci, wilson_ci
+from ..store import read_episodes, write_atomic, write_json
+from . import dpo, explore, pairs
+from .eto import prepare_bc
+from .evaluate import evaluate_policy
+
+
+def _with(cfg, **updates):
+    c = copy.deepcopy(cfg)
+    with open_dict(c):
+        for k, v in updates.items():
+            OmegaConf.update(c, k, v, merge=False)
+    return c
+
+
+def sft_control(cfg, policy_path: str, chosen: list[list[dict]], steps: int, out: Path) -> str:
+    """Continue ``policy_path`` with SFT on ``chosen`` conversations for exactly ``steps`` steps."""
+    from datasets import Dataset
+
+    from ..model.load import load_model, load_tokenizer
+    from ..training.sft import make_trainer, sft_config
+
+    setup_runtime(cfg.runtime.train_threads)
+    d = dpo.hyperparameters(cfg, 1)
+    train = {**to_plain(cfg.bc), "lr": d["lr"], "batch_size": d["batch_size"], "grad_accum": d["grad_accum"],
+             "max_steps": steps, "save_strategy": "no", "scheduler": d["scheduler"], "warmup_ratio": d["warmup_ratio"]}
+    stage = Stage("compare/control", out, {"train": train, "seed": cfg.seed, "conversations": len(chosen)},
+                  inputs={"policy": policy_path})
+    if stage.done():
+        return str(out / "model")
+    stage.begin()
+    tok = load_tokenizer(policy_path)
+    trainer = make_trainer(load_model(policy_path, dtype=cfg.model.dtype), tok,
+                           Dataset.from_list([{"messages": m} for m in chosen]),
+                           sft_config(str(out / "checkpoints"), train, cfg.seed, setup_wandb(to_plain(cfg.wandb), out)))
+    result = trainer.train()
+    trainer.model.save_pretrained(out / "model", safe_serialization=True)
+    tok.save_pretrained(out / "model")
+    stage.finish({"optimizer_steps": result.global_step, "train_loss": result.training_loss})
+    return str(out / "model")
+
+
+def paired_rows(baseline: dict[str, bool], other: dict[str, bool], n_boot: int, seed: int) -> dict[str, Any]:
+    tasks = sorted(set(baseline) & set(other))
+    a, b = [baseline[t] for t in tasks], [other[t] for t in tasks]
+    mean, lo, hi = paired_bootstrap_ci([float(x) for x in a], [float(x) for x in b], n_boot=n_boot, seed=seed)
+    return {"n": len(tasks), "diff": mean, "diff_ci95": [lo, hi], "mcnemar_p": mcnemar_exact(a, b)}
+
+
+def _successes(path: Path) -> dict[str, bool]:
+    from ..records import NOT_POLICY_FAULT
+
+    return {e.task_id: e.success for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
+
+
+def run(cfg) -> dict[str, Any]:
+    console = Console(width=120)
+    cc = cfg.compare
+    prepare_bc(cfg)
+    bc_policy = str(Path(cfg.paths.bc) / "model")
+    out = Path(cfg.paths.run) / "compare"
+
+    # -- one shared exploration (with step continuations when a variant needs them) ------------
+    needs_step = any(v in ("step", "mixture") for v in cc.variants)
+    shared = _with(cfg, **{"eto.pairs.contrast": "mixture" if needs_step else "trajectory"})
+    explored, continuations = explore.run(shared, 1, bc_policy, out)
+
+    # -- one DPO run per variant, all from BC --------------------------------------------------
+    policies = {"bc": bc_policy}
+    steps: dict[str, int] = {}
+    chosen_for_control: list[list[dict]] = []
+    for v in cc.variants:
+        vcfg = _with(cfg, **{"eto.pairs.contrast": v})
+        vpairs = pairs.run(vcfg, 1, explored, continuations if v != "trajectory" else [], out / v)
+        policies[v] = dpo.run(vcfg, 1, bc_policy, vpairs, out / v)
+        steps[v] = json.loads((out / v / "dpo" / "manifest.json").read_text())["metrics"]["optimizer_steps"]
+        if v == "trajectory":
+            chosen_for_control = [p.prompt + p.chosen for p in vpairs]
+    if cc.control and chosen_for_control:
+        policies["control"] = sft_control(cfg, bc_policy, chosen_for_control, steps["trajectory"], out / "control")
+
+    # -- the same held-out seeds for every policy ------------------------------------------------
+    splits = list(cc.splits)
+    results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "splits": {}}
+    for name, path in policies.items():
+        evaluate_policy(cfg, path, f"compare-{name}", splits, out / "eval" / name)
+    for split in splits:
+        succ = {n: _successes(out / "eval" / n / split / "episodes.jsonl") for n in policies}
+        rows = {}
+        for n, s in succ.items():
+            k, m = sum(s.values()), len(s)
+            rows[n] = {"success": k / m if m else 0.0, "success_ci95": list(wilson_ci(k, m)), "n": m}
+            if n != "bc":
+                rows[n]["vs_bc"] = paired_rows(succ["bc"], s, cc.bootstrap, cfg.seed)
+        results["splits"][split] = rows
+    write_json(out / "compare.json", results)
+    write_atomic(out / "compare.md", markdown(results))
+    chart(results, out / "compare.png")
+
+    t = Table(title="contrast variants vs BC (paired on the same seeds)")
+    for col in ("split", "policy", "n", "success [95% CI]", "diff to BC [95% CI]", "McNemar p"):
+        t.add_column(col, no_wrap=True)
+    for split, rows in results["splits"].items():
+        for n, r in rows.items():
+            vs = r.get("vs_bc")
+            t.add_row(split, n, str(r["n"]), _pct(r["success"], r["success_ci95"]),
+                      _pct(vs["diff"], vs["diff_ci95"], signed=True) if vs else "-", f"{vs['mcnemar_p']:.3f}" if vs else "-")
+    console.print(t)
+    console.print(f"-> {out / 'compare.md'}, {out / 'compare.png'}")
+    return results
+
+
+def _pct(x: float, ci, signed: bool = False) -> str:
+    f = "+.1f" if signed else ".1f"
+    return f"{100 * x:{f}}% [{100 * ci[0]:{f}}, {100 * ci[1]:{f}}]"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["| split | policy | n | success [95% CI] | difference to BC [95% CI] | McNemar p |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for split, rows in results["splits"].items():
+        for n, r in rows.items():
+            vs = r.get("vs_bc")
+            lines.append(f"| {split} | {n} | {r['n']} | {_pct(r['success'], r['success_ci95'])} | "
+                         f"{_pct(vs['diff'], vs['diff_ci95'], signed=True) if vs else '-'} | "
+                         f"{vs['mcnemar_p']:.3f} |" if vs else
+                         f"| {split} | {n} | {r['n']} | {_pct(r['success'], r['success_ci95'])} | - | - |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = list(results["splits"])
+    names = list(next(iter(results["splits"].values()))) if splits else []
+    fig, ax = plt.subplots(figsize=(1.6 * max(3, len(names)) + 1, 3.5))
+    width = 0.8 / max(1, len(splits))
+    for i, split in enumerate(splits):
+        rows = results["splits"][split]
+        ys = [100 * rows[n]["success"] for n in names]
+        err = [[100 * (rows[n]["success"] - rows[n]["success_ci95"][0]) for n in names],
+               [100 * (rows[n]["success_ci95"][1] - rows[n]["success"]) for n in names]]
+        ax.bar([j + i * width for j in range(len(names))], ys, width, yerr=err, capsize=3, label=split)
+    ax.set_xticks([j + width * (len(splits) - 1) / 2 for j in range(len(names))], names)
+    ax.set_ylabel("success rate (%)")
+    ax.set_ylim(0, 100)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
