@@ -86,6 +86,33 @@ def main(cfg) -> None:
     tokens = statistics.mean(per_step) * cfg.bc.batch_size * cfg.bc.grad_accum * res.global_step
     bc_tps = tokens / res.metrics["train_runtime"]
 
+    # -- 3. DPO: precomputed reference log-probs vs TRL's on-the-fly reference, same pairs ------
+    from datasets import Dataset
+
+    from eto_train.pairs import trajectory_pair
+    from eto_train.training.dpo import dpo_config, make_dpo_trainer
+
+    env = make_env(env_cfg)
+    gold = {t.task_id: expert_episode(env, t, prompt) for t in tasks}
+    env.close()
+    pair_list = [p for e in eps_b if (p := trajectory_pair(gold[e.task_id], e)) is not None]
+    dpo_runs = {}
+    if pair_list:
+        ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pair_list])
+        d = {**to_plain(cfg.eto.dpo), "epochs": 1, "max_steps": None, "save_strategy": "no", "logging_steps": 1}
+        d.pop("later")
+        for mode in ("precomputed", "on_the_fly", "precomputed", "on_the_fly"):
+            d["precompute_ref_log_probs"] = mode == "precomputed"
+            t0 = time.perf_counter()
+            tr = make_dpo_trainer(load_model(policy_path, dtype=cfg.model.dtype), None, tok, ds,
+                                  dpo_config(str(out / "dpo"), d, cfg.seed, report_to="none"))
+            r = tr.train()
+            total = time.perf_counter() - t0  # includes the reference pass when precomputed
+            losses = [h["loss"] for h in tr.state.log_history if "loss" in h]
+            dpo_runs.setdefault(mode, []).append({"seconds": total, "final_loss": losses[-1], "steps": r.global_step})
+    dpo_res = {m: {"median_s": statistics.median(x["seconds"] for x in runs), "final_loss": runs[-1]["final_loss"],
+                   "steps": runs[-1]["steps"]} for m, runs in dpo_runs.items()}
+
     results = {
         "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
                     "batched_seconds": batched, "sequential_seconds": sequential,
@@ -96,6 +123,7 @@ def main(cfg) -> None:
         "bc": {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
                "tokens_per_second": bc_tps, "batch_size": cfg.bc.batch_size,
                "threads": cfg.runtime.train_threads},
+        "dpo_epoch": {"pairs": len(pair_list), **dpo_res},
         "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b),
     }
     write_json(out / "bench.json", results)
@@ -109,6 +137,12 @@ def main(cfg) -> None:
               f"{mb2:.2f} s  ({mb / mb2:.2f}x the {cfg.runtime.rollout_threads}-thread speed)")
     t.add_row("same greedy outputs both ways", str(same))
     t.add_row(f"BC training ({res.global_step} steps, batch {cfg.bc.batch_size})", f"{bc_tps:.0f} tokens/s")
+    if dpo_res:
+        pre, fly = dpo_res["precomputed"], dpo_res["on_the_fly"]
+        t.add_row(f"DPO epoch ({len(pair_list)} pairs), precomputed reference (median)", f"{pre['median_s']:.1f} s")
+        t.add_row("DPO epoch, TRL's on-the-fly reference (median)",
+                  f"{fly['median_s']:.1f} s  ({fly['median_s'] / pre['median_s']:.2f}x)")
+        t.add_row("final DPO loss, precomputed / on the fly", f"{pre['final_loss']:.6f} / {fly['final_loss']:.6f}")
     console.print(t)
     console.print(f"-> {out / 'bench.json'}")
 
