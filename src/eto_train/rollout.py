@@ -66,6 +66,14 @@ class Policy:
             conv = conv[:head] + conv[head + 2:]  # drop one (assistant, user) exchange
             dropped += 1
 
+    def session(self):
+        """A KV-cached batch whose rows persist across turns (see :mod:`eto_train.kvbatch`)."""
+        from .kvbatch import KVBatch
+
+        g = self.gen
+        return KVBatch(self.model, self.tok, g.max_new_tokens, self.max_context, g.do_sample, g.temperature,
+                       g.top_p, encode_full=self._encode)
+
     def generate(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int, int, int]]:
         """For each conversation: (text, prompt tokens, completion tokens, turns dropped)."""
         import torch
@@ -95,6 +103,22 @@ class Policy:
             text = self.tok.decode(new[:n], skip_special_tokens=True).strip()
             results.append((text, len(ids), n, dropped))
         return results
+
+
+class _Stateless:
+    """Session adapter for policies that only answer whole conversations (``generate``)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def add_row(self):
+        pass
+
+    def keep(self, rows):
+        pass
+
+    def step(self, convs):
+        return self.policy.generate(convs)
 
 
 @dataclass
@@ -132,19 +156,27 @@ def run_rollouts(
     queue = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
     queue.reverse()  # pop() from the end keeps the given order
     slots = [_Slot(env=make_env()) for _ in range(min(cfg.batch_size, len(queue)))]
+    session = policy.session() if hasattr(policy, "session") else _Stateless(policy)
     try:
         active = [s for s in slots if _start_next(s, queue, policy_ref, prompt, cfg, make_env, on_episode)]
+        for _ in active:
+            session.add_row()
         while active:
             t0 = time.perf_counter()
-            outs = policy.generate([s.conv for s in active])
+            outs = session.step([s.conv for s in active])
             latency = time.perf_counter() - t0
-            still = []
-            for slot, (text, n_prompt, n_new, dropped) in zip(active, outs):
+            kept, restarted = [], []
+            for row, (slot, (text, n_prompt, n_new, dropped)) in enumerate(zip(active, outs)):
+                episode = slot.episode
                 if _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_env, on_episode):
-                    still.append(slot)
+                    # same episode: its cache row continues; a retried one (env failure) restarts
+                    (kept if slot.episode is episode else restarted).append((row, slot))
                 elif _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode):
-                    still.append(slot)
-            active = still
+                    restarted.append((row, slot))
+            session.keep([row for row, _ in kept])
+            for _ in restarted:
+                session.add_row()  # a new episode starts with an empty cache row
+            active = [s for _, s in kept] + [s for _, s in restarted]
             if on_step:
                 on_step(len(outs))
     finally:

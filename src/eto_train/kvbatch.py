@@ -1,0 +1,230 @@
+"""A batch of conversations whose KV cache persists across turns (CPU-friendly decoding).
+
+Re-encoding every conversation from the start at each step made batching useless on a CPU:
+the prefill of long histories dominated and padding wasted the rest. Here each row keeps its
+keys and values; a step feeds only what the conversation gained since the last step (the
+observation turn and the next assistant header), then decodes. Rows join (a new episode) and
+leave (a finished one) at any step; rows are left-padded with masked holes, and positions are
+each row's own token count, so a row computes exactly what it would alone.
+
+Written by hand: HF ``generate`` re-prefills the whole prompt per call and cannot keep
+per-row caches across calls of a multi-turn batch; vLLM (prefix caching) is GPU-only.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+class KVBatch:
+    def __init__(self, model, tok, max_new_tokens: int, budget: int, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, encode_full=None):
+        self.model, self.tok = model, tok
+        self.max_new, self.budget = max_new_tokens, budget
+        self.do_sample, self.temperature, self.top_p = do_sample, temperature, top_p
+        self.encode_full = encode_full  # conv -> (ids, turns dropped): a fresh, fitted prompt
+        self.eos, self.pad = tok.eos_token_id, tok.pad_token_id
+        self.cache = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long)  # [rows, cached positions]
+        self.length: list[int] = []  # real tokens per row (its next position id)
+        self.text: list[str | None] = []  # the text whose tokens the row's cache holds
+        self.device = next(model.parameters()).device
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    # -- rows ---------------------------------------------------------------------------------
+    def add_row(self) -> None:
+        self.mask = torch.cat([self.mask, torch.zeros((1, self.mask.shape[1]), dtype=torch.long)])
+        self.length.append(0)
+        self.text.append(None)
+        if self.cache is not None:
+            for layer in self.cache.layers:
+                if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                    z = torch.zeros_like(layer.keys[:1])
+                    layer.keys = torch.cat([layer.keys, z])
+                    layer.values = torch.cat([layer.values, torch.zeros_like(layer.values[:1])])
+
+    def keep(self, rows: list[int]) -> None:
+        idx = torch.tensor(rows, dtype=torch.long)
+        self.mask = self.mask[idx]
+        self.length = [self.length[i] for i in rows]
+        self.text = [self.text[i] for i in rows]
+        if self.cache is not None:
+            if rows:
+                self.cache.batch_select_indices(idx.to(self.device))
+            else:
+                self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
+        self._compact()
+
+    def _reset_row(self, i: int) -> None:
+        self.mask[i] = 0
+        self.length[i] = 0
+        self.text[i] = None
+
+    def _compact(self) -> None:
+        """Drop cached positions no row attends to any more, keeping rows left-padded."""
+        if self.cache is None or not self.mask.numel():
+            return
+        real = self.mask.sum(1)
+        width = int(real.max())
+        if self.mask.shape[1] - width < 32:  # few holes: not worth a copy
+            return
+        gather = torch.zeros((self.mask.shape[0], width), dtype=torch.long)
+        new_mask = torch.zeros_like(gather)
+        for i in range(self.mask.shape[0]):
+            pos = self.mask[i].nonzero().flatten()
+            if len(pos):
+                gather[i, width - len(pos):] = pos
+                new_mask[i, width - len(pos):] = 1
+        g = gather.to(self.device)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                continue
+            gi = g[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = torch.gather(layer.keys, 2, gi)
+            layer.values = torch.gather(layer.values, 2, gi)
+        self.mask = new_mask
+
+    def _layers(self):
+        return [l for l in (self.cache.layers if self.cache is not None else [])
+                if getattr(l, "keys", None) is not None and l.keys.numel()]
+
+    def _take(self, rows: list[int]) -> "KVBatch":
+        """A new KVBatch holding ``rows`` (cache included); this one keeps the others."""
+        other = KVBatch.__new__(KVBatch)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("cache", "mask", "length", "text")})
+        other.cache, other.mask = None, torch.zeros((len(rows), 0), dtype=torch.long)
+        other.length = [0] * len(rows)
+        other.text = [self.text[i] for i in rows]
+        rest = [i for i in range(len(self.length)) if i not in set(rows)]
+        self.keep(rest)
+        return other
+
+    def _append(self, other: "KVBatch") -> None:
+        """Put ``other``'s rows after this batch's rows, left-padding the shorter cache."""
+        if other.cache is None:
+            return
+        if self.cache is None or not self.length:
+            self.cache, self.mask, self.length, self.text = other.cache, other.mask, other.length, other.text
+            return
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def lpad(t, w, dim):
+            if t.shape[dim] == w:
+                return t
+            shape = list(t.shape)
+            shape[dim] = w - t.shape[dim]
+            return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+        for a, b in zip(self._layers(), other._layers()):
+            a.keys = torch.cat([lpad(a.keys, width, 2), lpad(b.keys, width, 2)])
+            a.values = torch.cat([lpad(a.values, width, 2), lpad(b.values, width, 2)])
+        self.mask = torch.cat([lpad(self.mask, width, 1), lpad(other.mask, width, 1)])
+        self.length += other.length
+        self.text += other.text
+
+    # -- forward --------------------------------------------------------------------------------
+    def _forward(self, chunks: list[list[int]]) -> torch.Tensor:
+        """Feed one chunk per row (right-aligned); returns the last position's logits per row."""
+        width = max(1, max(len(c) for c in chunks))
+        n = len(chunks)
+        ids = torch.full((n, width), self.pad, dtype=torch.long)
+        cmask = torch.zeros((n, width), dtype=torch.long)
+        pos = torch.zeros((n, width), dtype=torch.long)
+        for i, c in enumerate(chunks):
+            if c:
+                ids[i, width - len(c):] = torch.tensor(c)
+                cmask[i, width - len(c):] = 1
+                pos[i, width - len(c):] = torch.arange(self.length[i], self.length[i] + len(c))
+                self.length[i] += len(c)
+        self.mask = torch.cat([self.mask, cmask], dim=1)
+        if self.cache is None:
+            from transformers import DynamicCache
+            self.cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
+                         position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1,
+                         **{self._cache_kw: self.cache})
+        self.cache = getattr(out, "cache", None) or out.past_key_values
+        if max(len(c) for c in chunks) > 1:
+            self._compact()  # a long chunk (a new episode's prompt) padded every other row
+        return out.logits[:, -1, :].float()
+
+    def _prefill(self, chunks: list[list[int]]) -> torch.Tensor:
+        """Feed the chunks; long ones (fresh prompts) in their own sub-batch so that the other
+        rows are not padded to their width, then merge back in the original row order."""
+        n = len(chunks)
+        fresh = [i for i, c in enumerate(chunks) if len(c) > 4 * self.max_new and self.length[i] == 0]
+        if not fresh or len(fresh) == n:
+            return self._forward(chunks)
+        cont = [i for i in range(n) if i not in set(fresh)]
+        sub = self._take(fresh)
+        logits_fresh = sub._forward([chunks[i] for i in fresh])
+        logits_cont = self._forward([chunks[i] for i in cont])
+        self._append(sub)
+        order = cont + fresh  # current row order; restore the caller's
+        inverse = [order.index(i) for i in range(n)]
+        self.keep(inverse)
+        return torch.cat([logits_cont, logits_fresh])[torch.tensor(inverse)]
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.do_sample:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits / max(self.temperature, 1e-6), dim=-1)
+        if self.top_p < 1.0:
+            sp, si = probs.sort(-1, descending=True)
+            drop = sp.cumsum(-1) - sp > self.top_p
+            sp[drop] = 0
+            probs = torch.zeros_like(probs).scatter(-1, si, sp)
+        return torch.multinomial(probs / probs.sum(-1, keepdim=True), 1).squeeze(-1)
+
+    # -- one turn for every row -----------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int, int, int]]:
+        """Generate each row's next assistant turn: (text, prompt tokens, new tokens, turns dropped)."""
+        assert len(convs) == len(self.length), "one conversation per row"
+        chunks, dropped = [], []
+        for i, conv in enumerate(convs):
+            full = self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            prev, new = self.text[i], None
+            if prev is not None and full.startswith(prev):
+                new = self.tok(full[len(prev):], add_special_tokens=False)["input_ids"]
+                if self.length[i] + len(new) + self.max_new > self.budget:
+                    new = None
+            if new is None:  # a new episode, a diverged history or a full context: encode anew
+                self._reset_row(i)
+                new, d = self.encode_full(conv)
+                self.text[i] = full if d == 0 else None  # a cut prompt cannot be extended later
+            else:
+                d, self.text[i] = 0, full
+            chunks.append(new)
+            dropped.append(d)
+        prompt_tokens = [self.length[i] + len(c) for i, c in enumerate(chunks)]
+        logits = self._prefill(chunks)
+        n = len(convs)
+        out = [[] for _ in range(n)]
+        done = [False] * n
+        nxt = self._pick(logits).tolist()
+        while True:
+            feed = []
+            for i in range(n):
+                if done[i]:
+                    feed.append([])
+                    continue
+                out[i].append(nxt[i])
+                feed.append([nxt[i]])
+                if nxt[i] == self.eos or len(out[i]) >= self.max_new:
+                    done[i] = True
+            logits = self._forward(feed)  # every produced token enters the cache
+            if all(done):
+                break
+            nxt = self._pick(logits).tolist()
+        results = []
+        for i in range(n):
+            raw = self.tok.decode(out[i], skip_special_tokens=False)
+            if self.text[i] is not None:
+                self.text[i] += raw
+            text = self.tok.decode(out[i], skip_special_tokens=True).strip()
+            results.append((text, prompt_tokens[i], len(out[i]), dropped[i]))
+        return results
