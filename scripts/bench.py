@@ -37,7 +37,7 @@ def _rollouts(work, env_cfg, policy, ref, prompt, batch):
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
-    console = Console()
+    console = Console(width=120)
     b = cfg.bench
     setup_runtime(cfg.runtime.rollout_threads)
     env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
