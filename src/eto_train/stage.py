@@ -35,6 +35,7 @@ def setup_runtime(threads: int) -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's reference pass uses a bare tqdm
     torch.set_num_threads(int(threads))
     # One rich display per stage: silence the libraries' own tqdm bars.
     import datasets
