@@ -10,7 +10,7 @@ from eto_train.stats import wilson_ci
 def test_wilson_matches_a_hand_computation():
     # k=7, n=20, z=1.96: p=.35, centre=(.35+.096)/(1.19208)=.3741, half=1.96*sqrt(.011375+.0024)/1.19208
     z = 1.959964
-    p, n = 0.35, 20
+    p = 0.35  # n = 20
     centre = (p + z * z / 40) / (1 + z * z / 20)
     half = z * math.sqrt(p * (1 - p) / 20 + z * z / 1600) / (1 + z * z / 20)
     lo, hi = wilson_ci(7, 20)

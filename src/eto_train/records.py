@@ -9,7 +9,6 @@ latency and token counts. Reward components are kept apart rather than summed.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 

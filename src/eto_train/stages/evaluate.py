@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from ..evaluation import evaluate, metrics_table
-from ..model.load import is_local, policy_ref
+from ..model.load import policy_ref
 from ..stage import setup_runtime, to_plain
 from .rollouts import Rollouts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -12,8 +13,6 @@ from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, tr
 from ..records import Episode
 from ..stage import to_plain
 from ..store import read_episodes, write_atomic, write_json
-
-import json
 
 
 def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
