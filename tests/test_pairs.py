@@ -60,6 +60,14 @@ def test_rejected_is_cut_to_expert_length_plus_five_turns_and_ends_on_an_action(
     assert len(actions_of(trajectory_pair(EXPERT, short).rejected)) == 1
 
 
+def test_rejected_can_end_on_its_first_divergent_action():
+    agent = ep(["a", "x", "y", "y", "y"], 0.0, policy="pi@1", status="max_steps")
+    p = trajectory_pair(EXPERT, agent, rejected_cut="first_divergence")
+    assert actions_of(p.rejected) == ["a", "x"] and actions_of(p.chosen) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="rejected_cut"):
+        trajectory_pair(EXPERT, agent, rejected_cut="middle")
+
+
 @pytest.mark.parametrize("status", ["environment_failure", "orchestrator_failure", "evaluator_failure"])
 def test_episodes_the_policy_is_not_to_blame_for_are_never_negatives(status):
     crashed = ep(["a"], 0.0, policy="pi@1", status=status)

@@ -51,8 +51,14 @@ def _split(msgs: list[dict[str, str]]) -> tuple[list[dict], list[dict]]:
     return msgs[:first], msgs[first:]
 
 
-def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int = 5) -> Pair | None:
-    """The paper's trajectory-level pair for one task, or None (tie, unusable episode)."""
+def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int = 5,
+                    rejected_cut: str = "expert_length") -> Pair | None:
+    """The paper's trajectory-level pair for one task, or None (tie, unusable episode).
+
+    ``rejected_cut="first_divergence"`` (beyond the paper) ends a rejected agent trajectory on
+    its first action that differs from the expert's, instead of at the expert's length plus
+    ``extra_turns``.
+    """
     if expert.task_id != agent.task_id:
         raise ValueError(f"pair of different tasks: {expert.task_id} vs {agent.task_id}")
     if agent.status in NOT_POLICY_FAULT or not agent.steps or not expert.steps:
@@ -61,6 +67,11 @@ def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int = 5) -> Pa
         return None  # ties are dropped
     chosen, rejected = (expert, agent) if expert.final_score > agent.final_score else (agent, expert)
     limit = expert.num_steps + extra_turns
+    if rejected_cut == "first_divergence" and rejected is agent:
+        t = first_divergence(expert, agent)
+        limit = min(limit, (t if t is not None else min(expert.num_steps, agent.num_steps)) + 1)
+    elif rejected_cut != "expert_length":
+        raise ValueError(f"eto.pairs.rejected_cut={rejected_cut!r}: expert_length or first_divergence")
     prompt, chosen_msgs = _split(to_messages(chosen, max_turns=limit if chosen is agent else None))
     _, rejected_msgs = _split(to_messages(rejected, max_turns=limit))
     return Pair(pair_id=_pid("traj", agent.episode_id, expert.episode_id), task_id=agent.task_id,

@@ -28,7 +28,7 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
                 continue
             for e in eps:
                 if pc.contrast in ("trajectory", "mixture"):
-                    if (p := trajectory_pair(experts[tid], e, pc.extra_turns)) is not None:
+                    if (p := trajectory_pair(experts[tid], e, pc.extra_turns, pc.rejected_cut)) is not None:
                         traj.append(p)
                 if pc.contrast in ("step", "mixture") and pc.step_positions == "first_divergence":
                     t = first_divergence(experts[tid], e)
