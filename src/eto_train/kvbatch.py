@@ -39,12 +39,9 @@ class KVBatch:
         self.mask = torch.cat([self.mask, torch.zeros((1, self.mask.shape[1]), dtype=torch.long)])
         self.length.append(0)
         self.text.append(None)
-        if self.cache is not None:
-            for layer in self.cache.layers:
-                if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                    z = torch.zeros_like(layer.keys[:1])
-                    layer.keys = torch.cat([layer.keys, z])
-                    layer.values = torch.cat([layer.values, torch.zeros_like(layer.values[:1])])
+        for layer in self._layers():
+            layer.keys = torch.cat([layer.keys, torch.zeros_like(layer.keys[:1])])
+            layer.values = torch.cat([layer.values, torch.zeros_like(layer.values[:1])])
 
     def keep(self, rows: list[int]) -> None:
         idx = torch.tensor(rows, dtype=torch.long)
@@ -79,9 +76,7 @@ class KVBatch:
                 gather[i, width - len(pos):] = pos
                 new_mask[i, width - len(pos):] = 1
         g = gather.to(self.device)
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or not layer.keys.numel():
-                continue
+        for layer in self._layers():
             gi = g[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = torch.gather(layer.keys, 2, gi)
             layer.values = torch.gather(layer.values, 2, gi)

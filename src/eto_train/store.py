@@ -37,6 +37,11 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
+    """A whole JSON Lines file, written atomically (temporary file, then rename)."""
+    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+
+
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

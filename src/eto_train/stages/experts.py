@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -12,7 +11,7 @@ from ..envs import make_env
 from ..experts import expert_episode
 from ..prompting import PromptConfig
 from ..stage import Stage, to_plain
-from ..store import write_atomic
+from ..store import write_jsonl
 
 
 def run(cfg) -> None:
@@ -37,7 +36,7 @@ def run(cfg) -> None:
     finally:
         env.close()
     lost = [e.task_id for e in episodes if not e.success]
-    write_atomic(out, "".join(json.dumps(e.to_dict(), sort_keys=True) + "\n" for e in episodes))
+    write_jsonl(out, (e.to_dict() for e in episodes))
     steps = [e.num_steps for e in episodes]
     metrics = {"episodes": len(episodes), "gold_wins": len(episodes) - len(lost), "gold_not_won": lost[:20],
                "mean_steps": sum(steps) / len(steps), "max_steps": max(steps)}

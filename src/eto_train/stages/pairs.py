@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -12,7 +11,7 @@ from rich.console import Console
 from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
 from ..records import Episode
 from ..stage import to_plain
-from ..store import read_episodes, write_atomic, write_json
+from ..store import read_episodes, write_json, write_jsonl
 
 
 def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
@@ -58,7 +57,7 @@ def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episod
     experts = {e.task_id: e for e in read_episodes(cfg.paths.experts) if e.success}
     pairs, stats = build_pairs(cfg, experts, explored, continuations, cfg.seed + iteration)
     stats["config"] = to_plain(cfg.eto.pairs)
-    write_atomic(out / "pairs" / "pairs.jsonl", "".join(json.dumps(p.to_dict(), sort_keys=True) + "\n" for p in pairs))
+    write_jsonl(out / "pairs" / "pairs.jsonl", (p.to_dict() for p in pairs))
     write_json(out / "pairs" / "stats.json", stats)
     console.print(f"[pairs] iteration {iteration}: {stats['pairs']} pairs {stats['by_kind']} "
                   f"(agent lost {stats['agent_lost']}, won {stats['agent_won']}, no pair {stats['no_pair']}); "
