@@ -54,10 +54,41 @@ def test_a_crashed_simulator_raises_a_typed_environment_failure(twx_cfg):
     env = make_env(twx_cfg)
     task = env.tasks("train")[0]
     env.reset(task)
-    env._env.close()  # kill the JVM under the adapter's feet
+    from eto_train.envs.textworld_express import _SharedJVM
+
+    _SharedJVM._host._gateway.java_process.kill()  # kill the JVM under the adapter's feet
+    _SharedJVM._host._gateway.java_process.wait()
     with pytest.raises(EnvironmentFailure):
         env.step("look around")
     env.close()
+    fresh = make_env(twx_cfg)  # a dead JVM is replaced on the next request
+    try:
+        instruction, first = fresh.reset(task)
+        assert instruction and first.observation
+    finally:
+        fresh.close()
+
+
+def test_games_in_one_jvm_are_independent(twx_cfg):
+    """Interleaved episodes on one shared JVM give what each gives alone."""
+    envs = [make_env(twx_cfg) for _ in range(2)]
+    tasks = envs[0].tasks("train")[:2]
+    try:
+        gold = [envs[0].expert_actions(t) for t in tasks]
+        for env, task in zip(envs, tasks):
+            env.reset(task)
+        interleaved = [[], []]
+        for k in range(max(map(len, gold))):
+            for i, env in enumerate(envs):
+                if k < len(gold[i]):
+                    interleaved[i].append(env.step(gold[i][k]).observation)
+        for i, task in enumerate(tasks):
+            envs[0].reset(task)
+            alone = [envs[0].step(a).observation for a in gold[i]]
+            assert alone == interleaved[i]
+    finally:
+        for env in envs:
+            env.close()
 
 
 def test_version_pins_package_and_parameters(twx_cfg):
