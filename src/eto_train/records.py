@@ -9,6 +9,7 @@ latency and token counts. Reward components are kept apart rather than summed.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -118,6 +119,9 @@ class Episode:
                 steps.append(Step(**s))
             except TypeError as exc:
                 raise ValueError(f"steps[{i}]: {exc}") from None
+            if steps[-1].action is not None and (not isinstance(steps[-1].action, str) or not steps[-1].action.strip()):
+                raise ValueError(f"steps[{i}].action: empty action {steps[-1].action!r} "
+                                 "(an action is a non-empty string, or null when the output did not parse)")
         d["steps"] = steps
         ep = cls(**d)
         if ep.status not in STATUSES:
@@ -195,6 +199,8 @@ def from_eto(obj: dict[str, Any], env: str = "eto-import", split: str = "train")
                 raise ValueError(f"conversations[{i}]: two gpt turns in a row")
             obs = conv[i + 1]["value"] if i + 1 < len(conv) else ""
             action = parse_action(turn["value"])
+            if action is None and re.search(r"(?im)^\s*action\s*:\s*$", turn["value"]):
+                raise ValueError(f"conversations[{i}].value: empty action ('Action:' with nothing after it)")
             steps.append(Step(index=len(steps), raw_output=turn["value"], action=action,
                               valid=action is not None, observation=obs, reward=0.0, done=False))
     reward = float(obj.get("reward", 1.0 if obj.get("success", True) else 0.0))

@@ -54,17 +54,12 @@ class Policy:
         self.model.eval()
 
     def _encode(self, conv: list[dict[str, str]]) -> tuple[list[int], int]:
-        """Token ids of the prompt; drops the oldest turns (never system or task) to fit."""
-        budget = self.max_context - self.gen.max_new_tokens
-        dropped = 0
-        while True:
-            text = self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-            ids = self.tok(text, add_special_tokens=False)["input_ids"]
-            head = 2 if conv and conv[0]["role"] == "system" else 1
-            if len(ids) <= budget or len(conv) <= head + 1:
-                return ids[-budget:], dropped
-            conv = conv[:head] + conv[head + 2:]  # drop one (assistant, user) exchange
-            dropped += 1
+        """Token ids of the prompt, fitted to the context (see :func:`eto_train.context.fit_prompt`);
+        the count (turns dropped, +1 for a cut observation) becomes the episode's ``truncated_turns``."""
+        from .context import fit_prompt
+
+        ids, dropped, cut = fit_prompt(self.tok, conv, self.max_context - self.gen.max_new_tokens)
+        return ids, dropped + (1 if cut else 0)
 
     def session(self):
         """A KV-cached batch whose rows persist across turns (see :mod:`eto_train.kvbatch`)."""

@@ -22,12 +22,28 @@ def _twx(**cfg: Any) -> Environment:
     return TextWorldExpressEnv(**cfg)
 
 
+@register("sciworld")
+def _sciworld(**cfg: Any) -> Environment:
+    from .scienceworld import ScienceWorldEnv
+    return ScienceWorldEnv(**cfg)
+
+
+@register("alfworld")
+def _alfworld(**cfg: Any) -> Environment:
+    from .alfworld import ALFWorldEnv
+    return ALFWorldEnv(**cfg)
+
+
 def make_env(cfg: dict[str, Any]) -> Environment:
     """Build one environment instance from an ``env`` config section (a plain dict)."""
     name = cfg.get("name")
     if name not in _REGISTRY:
         raise KeyError(f"env.name: unknown environment {name!r}; registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**cfg)
+    env = _REGISTRY[name](**{k: v for k, v in cfg.items() if k != "faults"})
+    if cfg.get("faults"):  # env.faults: fault injection (all rates 0 = off), see envs/faults.py
+        from .faults import wrap_faults
+        env = wrap_faults(env, cfg["faults"])
+    return env
 
 
 __all__ = ["Environment", "EnvironmentFailure", "EnvironmentTimeout", "StepResult", "Task",

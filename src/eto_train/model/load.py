@@ -54,26 +54,84 @@ def check_checkpoint(path_or_id: str) -> None:
         raise CheckpointError(f"{p}: not a model folder (no config.json)")
     if not list(p.glob("*.safetensors")):
         raise CheckpointError(f"{p}: no *.safetensors weights (only safetensors are loaded)")
+    for f in sorted(p.glob("*.safetensors")):
+        _check_safetensors(f)
 
 
-def load_tokenizer(path_or_id: str, trust_remote_code: bool = False):
+def _check_safetensors(f: Path) -> None:
+    """A clear error for a weights file that is not a whole safetensors file (garbage, cut short).
+
+    Reads the header only (the tensors are memory-mapped, not loaded)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(f), framework="pt") as fh:
+            fh.keys()
+    except Exception as exc:
+        raise CheckpointError(f"{f}: corrupt safetensors weights ({exc}); "
+                              f"re-run the stage that wrote this checkpoint") from None
+
+
+def load_tokenizer(path_or_id: str, trust_remote_code: bool = False, chat_template: str | None = None):
+    """``chat_template`` replaces the checkpoint's (``model.chat_template``): the saved policy
+    then carries it to every later stage."""
     from transformers import AutoTokenizer
 
     check_checkpoint(path_or_id)
     tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
+    if chat_template:
+        tok.chat_template = chat_template
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
 
 
+def bnb_kwargs(quantization: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """``model.quantization`` (BitsAndBytesConfig keywords) with torch dtypes filled in.
+
+    The compute dtype defaults to the model's (bfloat16 on GPU configs): QLoRA stores the base
+    weights in 4 bits and computes in 16.
+    """
+    import torch
+
+    kw = dict(quantization)
+    kw.setdefault("bnb_4bit_compute_dtype", dtype)
+    for k in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+        if isinstance(kw.get(k), str):
+            kw[k] = getattr(torch, kw[k])
+    return kw
+
+
 def load_model(path_or_id: str, dtype: str = "float32", trust_remote_code: bool = False,
-               device: str = "cpu", **kwargs: Any):
+               device: str = "cpu", quantization: dict[str, Any] | None = None, **kwargs: Any):
+    """A causal LM on ``device`` ("auto": this process's GPU, else cpu).
+
+    With ``quantization`` (e.g. ``{load_in_4bit: true, bnb_4bit_quant_type: nf4}``) the weights
+    are loaded by bitsandbytes straight onto this process's GPU (4-bit weights cannot move).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
+    from ..distributed import local_device
+
     check_checkpoint(path_or_id)
+    if device == "auto":
+        device = local_device()
+    if quantization:
+        device = local_device()
+        if not device.startswith("cuda"):
+            raise RuntimeError("model.quantization (bitsandbytes 4-bit, QLoRA) needs a CUDA GPU; "
+                               "set model.quantization=null on a CPU")
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("model.quantization needs bitsandbytes: pip install -e '.[gpu]'") from exc
+        from transformers import BitsAndBytesConfig
+
+        kwargs.update(quantization_config=BitsAndBytesConfig(**bnb_kwargs(quantization, dtype)),
+                      device_map={"": device})
     model = AutoModelForCausalLM.from_pretrained(
         path_or_id, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code,
         use_safetensors=True, **kwargs)
-    return model.to(device)
+    return model if quantization else model.to(device)

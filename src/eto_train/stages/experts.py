@@ -19,7 +19,7 @@ def run(cfg) -> None:
     env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
     out = Path(cfg.paths.experts)
     # Only what shapes the expert data: adding a held-out split does not redo it.
-    scope = {k: env_cfg[k] for k in env_cfg if k != "splits"} | {"train_split": env_cfg["splits"]["train"]}
+    scope = {k: env_cfg[k] for k in env_cfg if k not in ("splits", "faults")} | {"train_split": env_cfg["splits"]["train"]}
     stage = Stage("experts", out.parent, {"env": scope, "prompt": to_plain(cfg.prompt)})
     if stage.done():
         return

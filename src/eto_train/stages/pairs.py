@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
-from ..records import Episode
+from ..records import NOT_POLICY_FAULT, Episode
 from ..stage import to_plain
 from ..store import read_episodes, write_json, write_jsonl
 
@@ -39,7 +39,7 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
                 step.append(p)
     if pc.chosen in ("self", "both"):
         for tid, eps in sorted(by_task.items()):
-            ranked = sorted(eps, key=lambda e: (e.final_score, -e.num_steps, e.episode_id))
+            ranked = sorted((e for e in eps if e.status not in NOT_POLICY_FAULT), key=lambda e: (e.final_score, -e.num_steps, e.episode_id))
             if len(ranked) >= 2 and (p := self_pair(ranked[-1], ranked[0], pc.extra_turns)) is not None:
                 own.append(p)
     if pc.contrast == "mixture" and traj and step:
@@ -49,7 +49,9 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
         step = sorted(random.Random(seed).sample(step, want_step), key=lambda p: p.pair_id)
     pairs = traj + step + own
     considered = len(explored) + len(continuations)
-    return pairs, pair_stats(pairs, considered)
+    stats = pair_stats(pairs, considered)
+    stats["environment_failures"] = sum(e.status in NOT_POLICY_FAULT for e in explored + continuations)
+    return pairs, stats
 
 
 def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:

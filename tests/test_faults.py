@@ -1,0 +1,287 @@
+"""Fault injection (envs/faults.py): every injected fault is retried or recorded as an
+environment failure, faults are reproducible, and no faulted episode becomes a pair."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from eto_train.envs import EnvironmentFailure, EnvironmentTimeout, StepResult, Task, make_env
+from eto_train.envs.faults import (
+    FaultConfig,
+    FaultLedger,
+    FaultyEnv,
+    _garble,
+    check_step_result,
+    fault_mark,
+    fault_summary,
+    wrap_faults,
+)
+from eto_train.experts import expert_episode
+from eto_train.prompting import PromptConfig
+from eto_train.records import NOT_POLICY_FAULT, PolicyRef
+from eto_train.rollout import RolloutConfig, WorkItem, run_rollouts
+
+GOLD = ["go", "go", "go"]
+
+
+class GoalEnv:
+    """Three 'go' in a row win; the score is the share of the gold path done so far."""
+
+    name = "goal"
+    version = "goal-1"
+
+    def __init__(self, garbage_at: int | None = None):
+        self.t, self.progress, self.garbage_at = 0, 0, garbage_at
+
+    def tasks(self, split):
+        return [Task("goal", "g", "train", s, split) for s in range(24)]
+
+    def max_steps(self, task):
+        return 5
+
+    def action_forms(self, game):
+        return ["go", "wait"]
+
+    def reset(self, task, **_):
+        self.t = self.progress = 0
+        return f"Reach goal {task.seed}.", StepResult("start", 0.0, False, False, valid_actions=["go", "wait"])
+
+    def step(self, action):
+        self.t += 1
+        if self.garbage_at == self.t:
+            return StepResult(None, 0.0, False, False)  # a real simulator answering garbage
+        if action == "go" and self.progress == self.t - 1:
+            self.progress += 1
+        won = self.progress == len(GOLD)
+        return StepResult(f"step {self.t}", self.progress / len(GOLD), won, won, valid_actions=["go", "wait"])
+
+    def expert_actions(self, task):
+        return list(GOLD)
+
+    def close(self):
+        pass
+
+
+class RandomPolicy:
+    """Says 'go' or 'wait' at random (seeded): a policy that wins, loses and half-wins."""
+
+    def __init__(self, seed=0, p_go=0.7):
+        self.rng, self.p_go = random.Random(seed), p_go
+
+    def generate(self, convs):
+        return [(f"Action: {'go' if self.rng.random() < self.p_go else 'wait'}", 10, 3, 0) for _ in convs]
+
+
+class HashPolicy:
+    """'go' or 'wait' as a fixed function of the conversation: the same in any batch order."""
+
+    def generate(self, convs):
+        import hashlib
+
+        def act(conv):
+            h = hashlib.sha256(repr(conv).encode()).digest()[0]
+            return "go" if h < 180 else "wait"
+
+        return [(f"Action: {act(c)}", 10, 3, 0) for c in convs]
+
+
+FAULTS = {"timeout": {"rate": 0.05, "seed": 0}, "crash": {"rate": 0.1, "seed": 1},
+          "malformed": {"rate": 0.05, "seed": 2}}
+REF = PolicyRef(id="random@0")
+
+
+def play(work, faults=FAULTS, retries=1, batch=4, ledger=None, policy=None):
+    ledger = ledger if ledger is not None else FaultLedger()
+    cfg = FaultConfig.from_dict(faults)
+    eps = []
+    run_rollouts(work, lambda: FaultyEnv(GoalEnv(), cfg, ledger), policy or RandomPolicy(0), REF, PromptConfig(),
+                 RolloutConfig(batch_size=batch, env_retries=retries), on_episode=eps.append)
+    return eps, ledger
+
+
+@pytest.fixture
+def sleeps(monkeypatch):
+    """Record the rollout's backoff sleeps instead of sleeping."""
+    calls = []
+    monkeypatch.setattr("eto_train.rollout.time.sleep", calls.append)
+    return calls
+
+
+def test_every_injected_fault_is_retried_or_recorded_as_environment_failure(sleeps):
+    retries = 2
+    work = [(t, 0) for t in GoalEnv().tasks("train")]
+    mark = fault_mark()
+    eps, ledger = play(work, retries=retries)
+    assert len(eps) == len(work) and len({e.episode_id for e in eps}) == len(work)
+    per_task = ledger.by_task()
+    failed = [e for e in eps if e.status == "environment_failure"]
+    recovered = [e for e in eps if e.status != "environment_failure" and per_task.get(e.task_id, 0)]
+    for e in eps:
+        n = per_task.get(e.task_id, 0)
+        if e.status == "environment_failure":
+            assert n == retries + 1, (e.task_id, n)  # every attempt faulted
+            assert "injected fault" in e.error and f"after {retries} retries" in e.error
+        else:
+            assert n <= retries, (e.task_id, n)  # the faults were retried away
+            assert e.steps[0].index == 0 and [s.index for s in e.steps] == list(range(e.num_steps))
+    # the test's seeds exercise both outcomes and every kind of fault
+    assert failed and recovered
+    counts = ledger.counts()
+    assert all(counts[k] > 0 for k in ("timeout", "crash", "malformed", "on_reset", "on_step"))
+    assert counts["injected_faults"] == len(ledger.events) == sum(per_task.values())
+    assert fault_summary(mark) == counts  # the process-wide log a stage report reads
+    # each retry waited with exponential backoff; a failure's last fault is not retried
+    assert len(sleeps) == len(ledger.events) - len(failed)
+    assert set(sleeps) <= {0.1, 0.2}
+
+
+def _same(eps):
+    """Episodes without their timing (latency is wall-clock)."""
+    out = []
+    for e in eps:
+        d = e.to_dict()
+        d["steps"] = [{**st, "latency_s": 0} for st in d["steps"]]
+        out.append(d)
+    return sorted(out, key=lambda d: d["episode_id"])
+
+
+def test_faults_are_deterministic_and_independent_of_parallel_order(sleeps):
+    work = [(t, 0) for t in GoalEnv().tasks("train")]
+
+    def run(batch, faults=FAULTS):
+        eps, ledger = play(work, faults=faults, batch=batch, policy=HashPolicy())
+        return sorted((e.task_id, e.attempt, e.call, e.kind, e.where) for e in ledger.events), eps
+
+    a, eps_a = run(4)
+    b, eps_b = run(4)
+    assert a and a == b and _same(eps_a) == _same(eps_b)
+    c, eps_c = run(1)  # other parallel order: the same faults, the same episodes
+    assert a == c and _same(eps_a) == _same(eps_c)
+    d, _ = run(4, {**FAULTS, "crash": {"rate": 0.1, "seed": 99}})  # another seed, other faults
+    assert d != a
+
+
+def test_a_retry_draws_afresh_and_can_succeed():
+    task = GoalEnv().tasks("train")[0]
+    retried_ok = 0
+    for seed in range(20):
+        ledger = FaultLedger()
+        env = FaultyEnv(GoalEnv(), {"crash": {"rate": 0.5, "seed": seed}}, ledger)
+        outcomes = []
+        for _ in range(6):
+            try:
+                env.reset(task)
+                outcomes.append("ok")
+            except EnvironmentFailure:
+                outcomes.append("fault")
+        k = outcomes.count("fault")
+        # each fault moves the task to its next attempt; once an attempt is clean it stays clean
+        assert outcomes == ["fault"] * k + ["ok"] * (6 - k)
+        assert [e.attempt for e in ledger.events] == list(range(k))
+        retried_ok += 0 < k < 6
+    assert retried_ok > 0
+
+
+@pytest.mark.parametrize("pick", [0.0, 0.3, 0.6, 0.9])
+def test_every_kind_of_garbled_answer_is_detected(pick):
+    good = StepResult("a room", 0.5, False, False, valid_actions=["go"])
+    check_step_result(good, "x")
+    with pytest.raises(EnvironmentFailure, match="malformed"):
+        check_step_result(_garble(good, pick), "twx step")
+
+
+def test_malformed_and_timeout_faults_raise_typed_errors():
+    task = GoalEnv().tasks("train")[0]
+    env = FaultyEnv(GoalEnv(), {"malformed": {"rate": 1.0, "seed": 0}}, FaultLedger())
+    with pytest.raises(EnvironmentFailure, match="injected fault: goal reset on g/train/0 .*malformed"):
+        env.reset(task)
+    assert [(e.kind, e.where, e.call) for e in env.ledger.events] == [("malformed", "reset", 0)]
+    env = FaultyEnv(GoalEnv(), {"timeout": {"rate": 1.0, "seed": 0}}, FaultLedger())
+    with pytest.raises(EnvironmentTimeout, match="timed out"):
+        env.reset(task)
+
+
+def test_real_garbage_from_the_simulator_is_an_environment_failure_not_an_injected_fault():
+    task = GoalEnv().tasks("train")[0]
+    ledger = FaultLedger()
+    env = FaultyEnv(GoalEnv(garbage_at=2), {"crash": {"rate": 0.0}}, ledger)
+    env.reset(task)
+    env.step("go")
+    with pytest.raises(EnvironmentFailure, match="goal step on g/train/0 \\(call 2\\): malformed observation"):
+        env.step("go")
+    assert ledger.events == []  # not injected: the report does not count it as one
+
+
+def test_gold_path_replays_are_never_faulted():
+    task = GoalEnv().tasks("train")[0]
+    env = FaultyEnv(GoalEnv(), {"crash": {"rate": 1.0, "seed": 0}}, FaultLedger())
+    ep = expert_episode(env, task, PromptConfig())
+    assert ep.success and ep.num_steps == 3 and env.ledger.events == []
+    with pytest.raises(EnvironmentFailure, match="crashed"):  # a policy episode after it is faulted
+        env.reset(task)
+
+
+def test_faulted_episodes_never_become_pairs(sleeps):
+    from omegaconf import OmegaConf
+
+    from eto_train.pairs import _pid
+    from eto_train.stages.pairs import build_pairs
+
+    tasks = GoalEnv().tasks("train")
+    experts = {t.task_id: expert_episode(GoalEnv(), t, PromptConfig()) for t in tasks}
+    explored, _ = play([WorkItem(t, s) for t in tasks for s in range(2)], retries=1)
+    continuations, _ = play([WorkItem(t, 0, ("go",)) for t in tasks], retries=1, policy=RandomPolicy(1))
+    cfg = OmegaConf.create({"eto": {"pairs": {
+        "contrast": "mixture", "chosen": "both", "extra_turns": 5, "rejected_cut": "expert_length",
+        "step_positions": "first_divergence", "step_samples": 2, "mixture_step_fraction": 1.0}}})
+    pairs, _ = build_pairs(cfg, experts, explored, continuations, seed=0)
+    assert {p.kind for p in pairs} == {"trajectory", "step", "self"}
+
+    faulted = [e for e in explored + continuations if e.status in NOT_POLICY_FAULT]
+    assert any(e.steps for e in faulted)  # partial episodes that would look like losses
+    bad_ids = set()
+    all_ids = [e.episode_id for e in explored + continuations]
+    for f in faulted:
+        for x in experts.values():
+            bad_ids.add(_pid("traj", f.episode_id, x.episode_id))
+            bad_ids |= {_pid("step", f.episode_id, x.episode_id, t) for t in range(6)}
+        bad_ids |= {_pid("self", f.episode_id, o) for o in all_ids} | {_pid("self", o, f.episode_id) for o in all_ids}
+    assert not bad_ids & {p.pair_id for p in pairs}
+
+    # the filter is what keeps them out: relabelled as policy failures they would pair
+    relabel = [copy.deepcopy(e) for e in explored + continuations]
+    for e in relabel:
+        if e.status in NOT_POLICY_FAULT:
+            e.status = "failure"
+    pairs_if_unfiltered, _ = build_pairs(cfg, experts, relabel[:len(explored)], relabel[len(explored):], seed=0)
+    assert bad_ids & {p.pair_id for p in pairs_if_unfiltered}
+
+
+def test_make_env_applies_the_faults_block(twx_cfg):
+    off = make_env({**twx_cfg, "faults": {"crash": {"rate": 0.0, "seed": 1}}})
+    try:
+        assert not isinstance(off, FaultyEnv)
+    finally:
+        off.close()
+    on = make_env({**twx_cfg, "faults": {"crash": {"rate": 1.0, "seed": 1}}})
+    try:
+        assert isinstance(on, FaultyEnv) and on.name == "twx" and on.version.startswith("textworld-express==")
+        task = on.tasks("train")[0]
+        with pytest.raises(EnvironmentFailure, match="injected fault: twx reset on .* crashed"):
+            on.reset(task)
+    finally:
+        on.close()
+
+
+@pytest.mark.parametrize("faults, message", [
+    ({"crashes": {"rate": 0.1}}, r"env.faults: unknown fault kind\(s\) \['crashes'\]"),
+    ({"crash": {"rat": 0.1}}, r"env.faults.crash: unknown key\(s\) \['rat'\]"),
+    ({"crash": {"rate": 1.5}}, r"env.faults.crash.rate: 1.5 is not a probability"),
+    ({"crash": 0.1}, r"env.faults.crash: expected \{rate"),
+])
+def test_bad_fault_config_is_a_clear_error(faults, message):
+    with pytest.raises(ValueError, match=message):
+        wrap_faults(GoalEnv(), faults)
