@@ -6,9 +6,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .. import faultpoints
+from ..distributed import is_main, wait_for_manifest, with_grad_accum
 from ..model.load import is_local, load_model, load_tokenizer
-from ..stage import Stage, setup_runtime, setup_wandb, to_plain
+from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
 from ..store import read_episodes
+from ..training.save import save_policy
 from ..training.sft import make_trainer, sft_config, sft_dataset
 
 
@@ -28,25 +31,32 @@ def run(cfg) -> None:
 
     # -- setup ------------------------------------------------------------------------------
     dataset = sft_dataset(read_episodes(cfg.paths.experts), only_success=cfg.bc.only_success)
-    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.trust_remote_code)
-    model = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.trust_remote_code,
+                               chat_template=cfg.model.get("chat_template"))
+    model = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code,
+                       quantization=cfg.model.get("quantization"))
     peft_config = None
     if cfg.model.lora:
         from peft import LoraConfig
         peft_config = LoraConfig(task_type="CAUSAL_LM", **to_plain(cfg.model.lora))
     trainer = make_trainer(model, tokenizer, dataset,
-                           sft_config(str(out / "checkpoints"), to_plain(cfg.bc), cfg.seed, report_to), peft_config)
+                           sft_config(str(out / "checkpoints"), with_grad_accum(to_plain(cfg.bc)), cfg.seed, report_to),
+                           peft_config)
 
     # -- train (resumes from the last checkpoint of an interrupted run) -----------------------
+    if (kill := faultpoints.trainer_callback("bc")) is not None:  # tests only
+        trainer.add_callback(kill)
     has_ckpt = resume and any((out / "checkpoints").glob("checkpoint-*"))
     if has_ckpt:
-        console.print(f"[bc] resuming from the last checkpoint in {out / 'checkpoints'}")
+        console.print(f"[bc] resuming from the last checkpoint in {out / 'checkpoints'}", markup=False)
     result = trainer.train(resume_from_checkpoint=True if has_ckpt else None)
 
     # -- save ------------------------------------------------------------------------------
-    final = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
-    final.save_pretrained(out / "model", safe_serialization=True)  # one plain checkpoint downstream
-    tokenizer.save_pretrained(out / "model")
+    # one plain checkpoint downstream (adapters merged; gathered from all GPUs)
+    save_policy(trainer, tokenizer, out / "model", cfg.model.path, cfg.model.dtype, cfg.trust_remote_code)
+    if not is_main():  # under accelerate: the main process writes the manifest once the model is saved
+        wait_for_manifest(stage.manifest_path, config_hash(stage.config))
+        return
     tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
     epochs = result.metrics.get("epoch", cfg.bc.epochs)
     metrics = {"train_loss": result.training_loss, "optimizer_steps": result.global_step,

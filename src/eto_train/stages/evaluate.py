@@ -33,6 +33,7 @@ def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> 
         res["policy"] = ref.id
         results[split] = res
         (out / "metrics.json").write_text(json.dumps(res, indent=2, sort_keys=True))
+    rollouts.close()
     return results
 
 

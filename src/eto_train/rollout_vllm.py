@@ -1,0 +1,107 @@
+"""A vLLM policy for the rollout engine (`eval.backend=vllm`, GPU, `pip install -e '.[vllm]'`).
+
+The engine in :mod:`eto_train.rollout` asks its policy for a ``session()`` and then, each
+step, ``step(conversations)`` -> one ``(text, prompt tokens, completion tokens, turns
+dropped)`` per conversation. This policy answers exactly that, with the HF policy's prompt
+rendering and truncation (the same token ids go in), its greedy / sampling settings and its
+stop rule (cut at the tokenizer's end-of-turn token, counted). vLLM keeps no state between
+steps; its prefix cache reuses the shared history of each conversation.
+
+The checkpoint is loaded into the engine once (``from_checkpoint``) and serves every step
+of an exploration or evaluation; ``close()`` gives the GPU back before training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .rollout import GenerationConfig, Policy
+
+EXTRA_HINT = "eval.backend=vllm needs vLLM: pip install -e '.[vllm]' (a CUDA GPU)"
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(EXTRA_HINT) from exc
+    return vllm
+
+
+def sampling_kwargs(gen: GenerationConfig, stop_token_id: int | None) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keywords matching the HF policy's decoding."""
+    kw: dict[str, Any] = {"max_tokens": gen.max_new_tokens, "skip_special_tokens": True}
+    if gen.do_sample:
+        kw.update(temperature=gen.temperature, top_p=gen.top_p)
+    else:
+        kw.update(temperature=0.0, top_p=1.0)  # vLLM's greedy
+    if stop_token_id is not None:  # the tokenizer's eos, as HF generate gets it (not the config's list)
+        kw["stop_token_ids"] = [stop_token_id]
+    return kw
+
+
+class _Session:
+    """Stateless session: every step sends whole conversations (prefix caching does the rest)."""
+
+    def __init__(self, policy: VLLMPolicy):
+        self.policy = policy
+
+    def add_row(self) -> None:
+        pass
+
+    def keep(self, rows: list[int]) -> None:
+        pass
+
+    def step(self, convs):
+        return self.policy.generate(convs)
+
+
+class VLLMPolicy:
+    def __init__(self, engine, tokenizer, gen: GenerationConfig, max_context: int,
+                 sampling_params: Callable[..., Any]):
+        self.engine, self.tok, self.gen, self.max_context = engine, tokenizer, gen, max_context
+        self._params = sampling_params(**sampling_kwargs(gen, tokenizer.eos_token_id))
+
+    # The HF policy's prompt rendering and truncation (drop the oldest exchanges to fit), so
+    # both backends see identical token ids; it reads only tok, gen and max_context.
+    _encode = Policy._encode
+
+    @classmethod
+    def from_checkpoint(cls, path: str, gen: GenerationConfig, max_context: int, dtype: str = "bfloat16",
+                        seed: int = 0, trust_remote_code: bool = False, **engine_kwargs: Any) -> VLLMPolicy:
+        vllm = import_vllm()
+        from .model.load import check_checkpoint, load_tokenizer
+
+        check_checkpoint(path)
+        engine = vllm.LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
+                          max_model_len=max_context, trust_remote_code=trust_remote_code,
+                          enable_prefix_caching=True, **engine_kwargs)
+        tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
+        return cls(engine, tok, gen, max_context, vllm.SamplingParams)
+
+    def session(self) -> _Session:
+        return _Session(self)
+
+    def generate(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int, int, int]]:
+        enc = [self._encode(c) for c in convs]
+        outs = self.engine.generate([{"prompt_token_ids": ids} for ids, _ in enc], self._params, use_tqdm=False)
+        if len(outs) != len(enc):
+            raise RuntimeError(f"vLLM answered {len(outs)} of {len(enc)} prompts")
+        eos, results = self.tok.eos_token_id, []
+        for (ids, dropped), out in zip(enc, outs):  # vLLM returns outputs in prompt order
+            if getattr(out, "prompt_token_ids", None) is not None and list(out.prompt_token_ids) != ids:
+                raise RuntimeError("vLLM returned outputs out of prompt order")
+            new = list(out.outputs[0].token_ids)
+            n = new.index(eos) + 1 if eos in new else len(new)  # count up to and including the stop token
+            text = self.tok.decode(new[:n], skip_special_tokens=True).strip()
+            results.append((text, len(ids), n, dropped))
+        return results
+
+    def close(self) -> None:
+        """Shut the engine down so that its GPU memory (weights, KV cache) is free again."""
+        engine, self.engine = self.engine, None
+        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()  # V1 engines run in a child process: stop it
+        del engine

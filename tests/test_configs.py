@@ -1,0 +1,246 @@
+"""The paper's configs and the GPU path's knobs, checked on the CPU.
+
+Every ``configs/experiment/*.yaml`` must compose and resolve as ``scripts/*.py experiment=X``
+composes it; the hardware profiles, the 4-bit knob, the merged-checkpoint saving, the
+accelerate files and the Makefile's launcher are checked for what they produce.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+NEEDED_ENVS = ("sciworld", "alfworld")
+
+
+@pytest.fixture(scope="module")
+def searchpath(tmp_path_factory) -> list[str]:
+    """Env configs the experiments select but this checkout does not have yet (the adapters
+    are built alongside) come from stand-ins naming only the env; a real file always wins,
+    because Hydra searches configs/ first."""
+    missing = [e for e in NEEDED_ENVS if not (CONFIGS / "env" / f"{e}.yaml").exists()]
+    if not missing:
+        return []
+    extra = tmp_path_factory.mktemp("standin")
+    (extra / "env").mkdir()
+    for e in missing:
+        (extra / "env" / f"{e}.yaml").write_text(f"name: {e}\nsplits: {{}}\n")
+    warnings.warn(f"configs/env/{{{','.join(missing)}}}.yaml not in this checkout yet: composed with stand-ins")
+    return [f"hydra.searchpath=[file://{extra}]"]
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3", job_name="test_configs"):
+        return hydra_compose("config", overrides=overrides)
+
+
+def test_experiment_is_optional_and_the_cpu_default_unchanged():
+    cfg = compose([])
+    assert "experiment" not in cfg and "hardware" not in cfg
+    assert cfg.model.name == "tiny" and cfg.env.name == "twx" and cfg.bc.lr == 3.0e-3
+    assert "effective_batch" not in cfg.bc and "quantization" not in cfg.model  # tiny runs' hashes kept
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_resolves(name, searchpath, monkeypatch):
+    from eto_train.distributed import with_grad_accum
+    from eto_train.stages.dpo import hyperparameters
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    cfg = compose([f"experiment={name}", *searchpath])
+    plain = OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    env = name.split("_")[0]
+    assert plain["env"]["name"] == env and plain["run_name"].startswith(f"{env}-")
+    assert plain["paths"]["bc"] == f"runs/{plain['run_name']}/bc"
+    assert plain["model"]["build"] is False and plain["model"]["dtype"] == "bfloat16"
+    bc, dpo = plain["bc"], plain["eto"]["dpo"]
+    # the paper's schedule and effective batches, whatever the hardware
+    assert (bc["epochs"], bc["scheduler"], bc["warmup_ratio"], bc["max_length"]) == (3, "cosine", 0.03, 4096)
+    assert bc["batch_size"] * with_grad_accum(bc)["grad_accum"] == 64
+    assert dpo["batch_size"] * with_grad_accum(dpo)["grad_accum"] == 32
+    assert dpo["epochs"] == 3 and plain["eto"]["iterations"] == 3
+    assert plain["eto"]["explore"]["do_sample"] is False and plain["eval"]["generation"]["do_sample"] is False
+    assert bc["bf16"] and dpo["bf16"] and not bc["use_cpu"] and not dpo["use_cpu"]
+    it1, it2 = hyperparameters(cfg, 1), hyperparameters(cfg, 2)
+    assert (it1["beta"], it2["beta"]) == (0.1, 0.5)
+    if "24gb" in name:  # adapters on one GPU: LoRA everywhere, 4-bit base for QLoRA
+        assert plain["model"]["lora"]["r"] == 16 and bc["batch_size"] <= 2 and dpo["batch_size"] == 1
+        assert (plain["model"].get("quantization") or {}).get("load_in_4bit", False) == ("qlora" in name)
+        assert plain["eval"]["batch_size"] == plain["eto"]["explore"]["batch_size"] == 4  # the profile beats eval/gpu
+    else:  # the paper: full fine-tuning, its learning rates
+        assert plain["model"]["lora"] is None and plain["model"]["quantization"] is None
+        assert (bc["lr"], it1["lr"], it2["lr"]) == (2.0e-5, 1.0e-6, 5.0e-7)
+
+
+def test_command_line_wins_over_the_experiment(searchpath):
+    cfg = compose(["experiment=sciworld_llama2_7b_qlora_24gb", "model=qwen2_5_7b_instruct", "bc.lr=5e-5",
+                   *searchpath])
+    assert cfg.model.path == "Qwen/Qwen2.5-7B-Instruct" and cfg.model.quantization.load_in_4bit
+    assert cfg.run_name == "sciworld-qwen2.5-7b-instruct-qlora" and cfg.bc.lr == 5e-5
+
+
+def test_cfg_job_from_the_command_line(searchpath):
+    """What a user types: the stage script prints the resolved job config."""
+    proc = subprocess.run([sys.executable, "scripts/bc.py", "experiment=alfworld_llama2_7b", *searchpath,
+                           "--cfg", "job", "--resolve"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job = OmegaConf.create(proc.stdout)
+    assert job.run_name == "alfworld-llama2-7b-chat" and job.model.path == "meta-llama/Llama-2-7b-chat-hf"
+    assert job.bc.effective_batch == 64 and job.eto.dpo.scheduler == "constant_with_warmup"
+
+
+def test_grad_accum_reaches_the_effective_batch_on_any_gpu_count(monkeypatch):
+    from eto_train.distributed import grad_accum
+
+    bc = {"batch_size": 4, "grad_accum": 16, "effective_batch": 64}
+    for gpus, accum in ((1, 16), (2, 8), (4, 4), (8, 2), (16, 1)):
+        monkeypatch.setenv("WORLD_SIZE", str(gpus))
+        assert grad_accum(bc) == accum
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="not a multiple"):
+        grad_accum(bc)
+    assert grad_accum({"batch_size": 4, "grad_accum": 5}) == 5  # no effective_batch: as configured
+
+
+def test_4bit_knob_maps_to_bitsandbytes_keywords(searchpath):
+    import torch
+
+    from eto_train.model.load import bnb_kwargs
+
+    cfg = compose(["experiment=sciworld_llama2_7b_qlora_24gb", *searchpath])
+    kw = bnb_kwargs(OmegaConf.to_container(cfg.model.quantization), cfg.model.dtype)
+    assert kw == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                  "bnb_4bit_compute_dtype": torch.bfloat16}
+    assert bnb_kwargs({"load_in_4bit": True, "bnb_4bit_compute_dtype": "float16"}, "bfloat16")[
+        "bnb_4bit_compute_dtype"] is torch.float16
+
+
+def test_4bit_on_a_cpu_says_what_it_needs(tmp_path, monkeypatch):
+    import torch
+
+    from eto_train.model.load import load_model
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        load_model(str(tmp_path), dtype="bfloat16", quantization={"load_in_4bit": True})
+
+
+def _tiny_lora(tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2))
+    base.save_pretrained(tmp_path / "base", safe_serialization=True)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    return model
+
+
+def test_adapter_merged_into_a_fresh_base_equals_the_trained_model(tmp_path, monkeypatch):
+    """The distributed / QLoRA save path: Trainer.save_model writes the adapter, the main
+    process merges it into a 16-bit copy of the base; the result computes what training had."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eto_train.training.save import save_policy
+
+    model = _tiny_lora(tmp_path)
+    ids = torch.tensor([[1, 5, 9, 33]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+
+    class Tok:
+        def save_pretrained(self, out):
+            (Path(out) / "tok.txt").write_text("tokenizer")
+
+    class FakeTrainer:  # what Trainer.save_model does for a PEFT model: the adapter only
+        def __init__(self, m):
+            self.model, self.saved = m, []
+
+        def save_model(self, out):
+            self.saved.append(out)
+            self.model.save_pretrained(out)
+            (Path(out) / "training_args.bin").write_bytes(b"x")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    trainer = FakeTrainer(model)
+    save_policy(trainer, Tok(), tmp_path / "dpo" / "model", str(tmp_path / "base"), "float32")
+    assert trainer.saved == [str(tmp_path / "dpo" / "adapter")]
+    out = tmp_path / "dpo" / "model"
+    assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
+    assert (out / "tok.txt").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, want, rtol=1e-4, atol=1e-5)
+
+    monkeypatch.setenv("RANK", "1")  # another process: joins the gather, writes nothing
+    trainer2 = FakeTrainer(model)
+    save_policy(trainer2, Tok(), tmp_path / "r1" / "model", str(tmp_path / "base"), "float32")
+    assert trainer2.saved and not (tmp_path / "r1" / "model").exists()
+
+
+def test_mistral_template_keeps_masks_on_the_actions():
+    """Mistral's template override: the system text stays in the first user turn, so each
+    assistant turn's tokens are exactly its content and end-of-turn token."""
+    from eto_train.model.tiny import train_tokenizer
+    from eto_train.training.masks import assistant_token_mask
+
+    template = OmegaConf.load(CONFIGS / "model" / "mistral_7b_instruct.yaml").chat_template
+    msgs = [{"role": "system", "content": "You act. Actions: go, look."},
+            {"role": "user", "content": "Task: find the key\nObservation: a hall"},
+            {"role": "assistant", "content": "Action: look"},
+            {"role": "user", "content": "You see a door."},
+            {"role": "assistant", "content": "Action: go"}]
+    tok = train_tokenizer([m["content"] for m in msgs] * 3 + ["[INST] [/INST]"], vocab_size=300, min_frequency=1)
+    tok.chat_template = template
+    text = tok.apply_chat_template(msgs, tokenize=False)
+    assert text == ("<|im_start|>[INST] You act. Actions: go, look.\n\nTask: find the key\nObservation: a hall[/INST]"
+                    " Action: look<|im_end|>[INST] You see a door.[/INST] Action: go<|im_end|>")
+    ids, mask = assistant_token_mask(tok, msgs)
+    spans = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert spans == " Action: look<|im_end|> Action: go<|im_end|>"
+
+
+def test_accelerate_configs_load_as_accelerate_reads_them():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    fsdp = load_config_from_file(str(CONFIGS / "accelerate" / "fsdp.yaml"))
+    assert fsdp.distributed_type == "FSDP" and fsdp.mixed_precision == "bf16"
+    assert fsdp.fsdp_config["fsdp_version"] == 2 and fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    ds = load_config_from_file(str(CONFIGS / "accelerate" / "deepspeed_zero3.yaml"))
+    assert ds.distributed_type == "DEEPSPEED" and ds.deepspeed_config["zero_stage"] == 3
+    assert ds.deepspeed_config["zero3_save_16bit_model"] is True
+
+
+@pytest.mark.parametrize("target,script", [("bc", "bc.py"), ("eto-iter", "eto_iter.py"), ("eto", "eto.py")])
+def test_makefile_launches_through_accelerate_above_one_gpu(target, script):
+    def recipe(*args):
+        proc = subprocess.run(["make", "-n", target, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stdout.splitlines() if f"scripts/{script}" in line][-1]
+
+    one = recipe('ARGS=experiment=x')
+    assert one.split()[:2] == [".venv/bin/python", f"scripts/{script}"] and "accelerate" not in one
+    four = recipe("N_GPUS=4", "ACCEL=deepspeed_zero3", 'ARGS=experiment=x')
+    assert "accelerate" in four and "launch" in four and "--num_processes 4" in four
+    assert "--config_file configs/accelerate/deepspeed_zero3.yaml" in four and four.endswith(
+        f"scripts/{script} experiment=x")
+    assert "configs/accelerate/fsdp.yaml" in recipe("N_GPUS=2")

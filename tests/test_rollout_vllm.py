@@ -1,0 +1,213 @@
+"""The vLLM backend's glue, with a stand-in engine (vLLM itself needs a CUDA GPU).
+
+The fake engine records what the policy sends and answers with scripted token ids, so the
+tests check the policy's own work: prompt ids identical to the HF policy's (template and
+truncation), decoding settings, the stop rule and counts, the rollout-engine interface, the
+config switch and the error when the extra is missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from eto_train.envs import StepResult, Task
+from eto_train.model.tiny import build_tiny_model, train_tokenizer
+from eto_train.prompting import PromptConfig
+from eto_train.records import PolicyRef
+from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.rollout_vllm import EXTRA_HINT, VLLMPolicy, sampling_kwargs
+
+TEXTS = ["Task: reach the goal", "Observation: a long corridor with doors", "Action: go", "Action: look",
+         "You see nothing special."]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(TEXTS * 5, vocab_size=300, min_frequency=1)
+
+
+class FakeEngine:
+    """vllm.LLM's generate(): scripted completions (token ids), requests recorded."""
+
+    def __init__(self, tok, replies, order_ok=True):
+        self.tok, self.replies, self.order_ok, self.calls = tok, replies, order_ok, []
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.calls.append((prompts, params, use_tqdm))
+        outs = []
+        for i, p in enumerate(prompts):
+            ids = self.replies(i) if callable(self.replies) else self.replies[i % len(self.replies)]
+            echo = p["prompt_token_ids"] if self.order_ok else [0]
+            outs.append(SimpleNamespace(prompt_token_ids=echo, outputs=[SimpleNamespace(token_ids=ids)]))
+        return outs
+
+
+def ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def conv(turns=0):
+    c = [{"role": "system", "content": "You act."}, {"role": "user", "content": "Task: reach the goal"}]
+    for _ in range(turns):
+        c += [{"role": "assistant", "content": "Action: look"},
+              {"role": "user", "content": "Observation: a long corridor with doors"}]
+    return c
+
+
+def test_decoding_settings_match_the_hf_policy(tok):
+    greedy = sampling_kwargs(GenerationConfig(max_new_tokens=24), tok.eos_token_id)
+    assert greedy == {"max_tokens": 24, "skip_special_tokens": True, "temperature": 0.0, "top_p": 1.0,
+                      "stop_token_ids": [tok.eos_token_id]}
+    sampled = sampling_kwargs(GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9), 5)
+    assert (sampled["temperature"], sampled["top_p"], sampled["stop_token_ids"]) == (0.7, 0.9, [5])
+    made = []
+    VLLMPolicy(None, tok, GenerationConfig(max_new_tokens=24), 512, lambda **kw: made.append(kw) or kw)
+    assert made == [greedy]  # built once, from the policy's own tokenizer
+
+
+def test_prompts_are_the_hf_policys_token_ids_truncated_alike(tok):
+    gen = GenerationConfig(max_new_tokens=16)
+    hf = Policy(build_tiny_model(tok, 16, 1, 2, 32, 1024, seed=0), tok, gen, max_context=120)
+    engine = FakeEngine(tok, [ids(tok, "Action: go") + [tok.eos_token_id]])
+    policy = VLLMPolicy(engine, tok, gen, 120, lambda **kw: kw)
+    convs = [conv(0), conv(1), conv(6)]  # the last one exceeds 120 - 16 tokens
+    out = policy.generate(convs)
+    sent = [p["prompt_token_ids"] for p in engine.calls[0][0]]
+    expected = [hf._encode(c) for c in convs]
+    assert sent == [e[0] for e in expected] and engine.calls[0][2] is False
+    assert [o[3] for o in out] == [e[1] for e in expected] and out[2][3] > 0  # turns dropped, reported
+    assert all(len(s) <= 120 - 16 for s in sent)
+    assert [o[1] for o in out] == [len(s) for s in sent]
+    full = tok(tok.apply_chat_template(conv(1), tokenize=False, add_generation_prompt=True),
+               add_special_tokens=False)["input_ids"]
+    assert sent[1] == full  # a conversation that fits goes in whole, ending in the assistant header
+
+
+def test_completion_cut_at_the_stop_token_and_counted(tok):
+    eos = tok.eos_token_id
+    replies = [ids(tok, "Action: go") + [eos] + ids(tok, "junk after the stop"),  # stop inside
+               ids(tok, "Action: look"),                                            # max_tokens reached
+               [eos]]                                                               # empty answer
+    policy = VLLMPolicy(FakeEngine(tok, replies), tok, GenerationConfig(max_new_tokens=16), 512, lambda **kw: kw)
+    out = policy.generate([conv(), conv(), conv()])
+    assert [o[0] for o in out] == ["Action: go", "Action: look", ""]
+    assert [o[2] for o in out] == [len(ids(tok, "Action: go")) + 1, len(ids(tok, "Action: look")), 1]
+
+
+def test_outputs_out_of_prompt_order_are_refused(tok):
+    policy = VLLMPolicy(FakeEngine(tok, [[tok.eos_token_id]], order_ok=False), tok, GenerationConfig(), 512,
+                        lambda **kw: kw)
+    with pytest.raises(RuntimeError, match="order"):
+        policy.generate([conv()])
+
+
+class TwoStepEnv:
+    """'go' twice wins; anything else burns a step."""
+
+    name, version = "toy", "toy-1"
+
+    def __init__(self):
+        self.t = 0
+
+    def tasks(self, split):
+        return [Task("toy", "g", "train", s, split) for s in range(5)]
+
+    def max_steps(self, task):
+        return 4
+
+    def action_forms(self, game):
+        return ["go", "look"]
+
+    def reset(self, task):
+        self.t = 0
+        return "Reach the goal.", StepResult("start", 0.0, False, False, valid_actions=["go", "look"])
+
+    def step(self, action):
+        self.t += 1 if action == "go" else 0
+        won = self.t == 2
+        return StepResult("moved", 1.0 if won else 0.0, won, won, valid_actions=["go", "look"])
+
+    def expert_actions(self, task):
+        return ["go", "go"]
+
+    def close(self):
+        pass
+
+
+class SeededEnv(TwoStepEnv):
+    """Shows the task's seed in the first observation, so a reply can depend on the task."""
+
+    def reset(self, task):
+        _, first = super().reset(task)
+        first.observation = f"{task.seed} start"
+        return "Reach the goal.", first
+
+
+def test_plays_episodes_through_the_rollout_engine(tok):
+    """The engine drives the vLLM policy through session(): tasks with an even seed get
+    'go' answers and win in 2 steps; the others look around until the step limit."""
+    eos = tok.eos_token_id
+    engine = FakeEngine(tok, None)
+    state = {}
+
+    def reply(i):  # the i-th prompt of the current call belongs to the i-th active slot
+        return ids(tok, "Action: go" if state["ids"][i] % 2 == 0 else "Action: look") + [eos]
+
+    engine.replies = reply
+    policy = VLLMPolicy(engine, tok, GenerationConfig(max_new_tokens=8), 512, lambda **kw: kw)
+    orig = policy.generate
+
+    def generate(convs):  # map each conversation back to its task seed (in the first user turn)
+        state["ids"] = [int(c[1]["content"].split("#")[1].split()[0]) for c in convs]
+        return orig(convs)
+
+    policy.generate = generate
+    prompt = PromptConfig(task_template="Task: {task} #{observation}")
+    eps = []
+    run_rollouts([(t, 0) for t in TwoStepEnv().tasks("seen")], SeededEnv, policy, PolicyRef(id="vllm@x"), prompt,
+                 RolloutConfig(batch_size=3), on_episode=eps.append)
+    by_seed = {e.seed: e for e in eps}
+    assert sorted(by_seed) == [0, 1, 2, 3, 4]
+    for s, e in by_seed.items():
+        if s % 2 == 0:
+            assert e.success and e.num_steps == 2 and [st.action for st in e.steps] == ["go", "go"]
+        else:
+            assert not e.success and e.status == "max_steps" and e.num_steps == 4
+    assert all(st.completion_tokens == len(ids(tok, st.raw_output)) + 1 for e in eps for st in e.steps)
+    assert max(len(c[0]) for c in engine.calls) == 3  # a batched call per step, the batch size's worth
+
+
+def test_missing_vllm_names_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    with pytest.raises(ImportError) as err:
+        VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512)
+    assert str(err.value) == EXTRA_HINT and ".[vllm]" in EXTRA_HINT
+
+
+def test_backend_chosen_by_config(monkeypatch, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.stages import rollouts
+
+    made = {}
+
+    def fake_from_checkpoint(path, gen, max_context, **kw):
+        made.update(path=path, gen=gen, max_context=max_context, **kw)
+        return "vllm-policy"
+
+    monkeypatch.setattr(VLLMPolicy, "from_checkpoint", staticmethod(fake_from_checkpoint))
+    root = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(str(root), version_base="1.3"):
+        cfg = compose("config", overrides=["eval.backend=vllm", "eval.vllm.gpu_memory_utilization=0.5", "seed=3"])
+        bad = compose("config", overrides=["eval.backend=tgi"])
+    sampling = {"max_new_tokens": 12, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
+    assert rollouts.make_policy(cfg, "some/ckpt", sampling) == "vllm-policy"
+    assert made["path"] == "some/ckpt" and made["gen"] == GenerationConfig(**sampling)
+    assert made["gpu_memory_utilization"] == 0.5 and made["seed"] == 3 and made["max_num_seqs"] == 256
+    assert made["max_context"] == cfg.model.max_context and made["dtype"] == cfg.model.dtype
+    with pytest.raises(ValueError, match="hf or vllm"):
+        rollouts.make_policy(bad, "some/ckpt", sampling)
