@@ -3,10 +3,15 @@
 PY      ?= .venv/bin/python
 ARGS    ?=
 TORCH   ?= torch==2.13.0
+# GPUs: with N_GPUS > 1, bc / eto-iter / eto start one process per GPU through accelerate,
+# with configs/accelerate/$(ACCEL).yaml (fsdp or deepspeed_zero3); 1 runs plain python.
+N_GPUS  ?= 1
+ACCEL   ?= fsdp
+TRAIN   = $(if $(filter-out 1,$(N_GPUS)),$(PY) -m accelerate.commands.launch --config_file configs/accelerate/$(ACCEL).yaml --num_processes $(N_GPUS),$(PY))
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model bc eval eto-iter eto compare-contrast demo test bench clean help
+.PHONY: setup experts model bc eval eto-iter eto compare-contrast demo report sweep-table export test bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -17,7 +22,7 @@ setup: .venv/.installed ## create .venv: torch first (a CUDA torch already there
 	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,alfworld]"
 	touch $@
 
 experts: setup ## expert (gold-path) trajectories of the training tasks
@@ -27,22 +32,31 @@ model: experts ## build the offline tiny base model (tokenizer + small Llama), n
 	$(PY) scripts/build_model.py $(ARGS)
 
 bc: model ## behavior cloning (SFT on expert actions only)
-	$(PY) scripts/bc.py $(ARGS)
+	$(TRAIN) scripts/bc.py $(ARGS)
 
 eval: setup ## evaluate a policy (default: the bc model) on held-out seen/unseen seeds
 	$(PY) scripts/evaluate.py $(ARGS)
 
 eto-iter: setup ## one ETO iteration (explore -> pairs -> dpo -> eval on dev) from the latest policy
-	$(PY) scripts/eto_iter.py $(ARGS)
+	$(TRAIN) scripts/eto_iter.py $(ARGS)
 
 eto: setup ## bc if needed, then ETO iterations up to eto.iterations with early stopping; best policy on test
-	$(PY) scripts/eto.py $(ARGS)
+	$(TRAIN) scripts/eto.py $(ARGS)
 
 compare-contrast: setup ## trajectory / step / mixture DPO and an SFT control from one BC checkpoint, paired vs BC
 	$(PY) scripts/compare.py $(ARGS)
 
-demo: ## the main job on the CPU default: bc, then eval of the bc policy
-	$(MAKE) bc eval ARGS="run_name=demo $(ARGS)"
+demo: setup ## the main job on the CPU default: bc -> ETO iterations -> compare -> runs/demo/report.md
+	$(PY) scripts/demo.py run_name=demo $(ARGS)
+
+sweep-table: setup ## gather a sweep's results into one table (ARGS="run_name=<sweep>")
+	$(PY) scripts/sweep_table.py $(ARGS)
+
+export: setup ## export episodes as training data, fields dropped/redacted (configs: export)
+	$(PY) scripts/export_data.py $(ARGS)
+
+report: setup ## rebuild a finished demo's report.md (ARGS="run_name=...")
+	$(PY) scripts/report.py $(ARGS)
 
 test: setup ## the test suite (tiny models, seconds each)
 	$(PY) -m pytest -q tests

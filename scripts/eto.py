@@ -6,10 +6,12 @@
 import hydra
 
 from eto_train.stages import eto
+from eto_train.stage import isolate_sweep_job
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
+    isolate_sweep_job(cfg)  # under -m: one run folder per job
     eto.run(cfg)
 
 

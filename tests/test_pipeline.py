@@ -1,4 +1,8 @@
-"""End to end at toy scale: the stage scripts as a user runs them (experts -> model -> bc -> eval)."""
+"""End to end at toy scale: the stage scripts as a user runs them.
+
+experts -> model -> bc -> eval -> one eto-iter, then the demo (the ETO loop, which reuses all of
+that, compare and the report) and a two-job Hydra sweep gathered into one table.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +38,9 @@ def _ok(proc):
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    for script in ("experts.py", "build_model.py", "bc.py", "evaluate.py", "eto_iter.py", "compare.py"):
+    for script in ("experts.py", "build_model.py", "bc.py", "evaluate.py", "eto_iter.py"):
         _ok(run_stage(script, runs))
+    _ok(run_stage("demo.py", runs, "eto.iterations=1"))
     return runs / "toy"
 
 
@@ -111,3 +116,40 @@ def test_missing_checkpoint_is_a_clear_error(toy_run):
     proc = run_stage("evaluate.py", toy_run.parent, f"eval.policy={toy_run}/nowhere/model")
     assert proc.returncode != 0
     assert f"{toy_run}/nowhere/model: checkpoint folder not found" in proc.stderr
+
+
+def test_demo_report_has_iterations_variants_control_configs_and_versions(toy_run):
+    report = (toy_run / "report.md").read_text()
+    result = json.loads((toy_run / "eto" / "result.json").read_text())
+    assert [h["iteration"] for h in result["history"]] == [0, 1]
+    assert "| BC |" in report and "| 1 |" in report  # success per iteration
+    for policy in ("| seen | bc |", "| seen | control |", "| seen | trajectory |", "| seen | eto best (iteration"):
+        assert policy in report
+    assert "## Configuration" in report and "run_name: toy" in report and '"trl"' in report
+    assert (toy_run / "success_vs_iteration.png").read_bytes()[:4] == b"\x89PNG"
+    rep = json.loads((toy_run / "report.json").read_text())
+    best = rep["splits"]["seen"][f"eto best (iteration {result['best_iteration']})"]
+    assert best["n"] == 4 and ("vs_bc" in best or result["best_iteration"] == 0)
+    # BC was evaluated once, by the first stage that needed it; the demo reused it
+    assert json.loads((toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text())["status"] == "done"
+
+
+def test_multirun_sweep_gives_each_job_its_folder_and_one_table(toy_run):
+    runs = toy_run.parent
+    cmd = [sys.executable, str(ROOT / "scripts" / "eto.py"), "-m", f"paths.runs={runs}", "run_name=toysweep",
+           *TOY, "eto.iterations=1", "eto.dpo.beta=0.1,0.5"]
+    proc = _ok(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300))
+    sweep = runs / "toysweep"
+    # both jobs explore BC the same way: played once, reused by the second job
+    assert len(list((sweep / "cache" / "explore").iterdir())) == 1 and "already played: reusing" in proc.stdout
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / "eto" / "result.json").exists())
+    assert jobs == ["eto.dpo.beta=0.1", "eto.dpo.beta=0.5"]
+    assert not (sweep / "eto.dpo.beta=0.5" / "bc").exists()  # BC is shared by jobs that do not change it
+    assert (sweep / "bc" / "model" / "model.safetensors").exists()
+    betas = {j: json.loads((sweep / j / "eto" / "iter1" / "dpo" / "manifest.json").read_text())["config"]["dpo"]["beta"]
+             for j in jobs}
+    assert betas == {"eto.dpo.beta=0.1": 0.1, "eto.dpo.beta=0.5": 0.5}
+    proc = _ok(subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_table.py"), f"paths.runs={runs}",
+                               "run_name=toysweep"], cwd=ROOT, capture_output=True, text=True, timeout=120))
+    table = (sweep / "sweep.md").read_text()
+    assert "| eto.dpo.beta=0.1 |" in table and "| eto.dpo.beta=0.5 |" in table and "seen: best vs BC" in table

@@ -75,3 +75,21 @@ def metrics_table(title: str, results: dict[str, dict[str, Any]]):
                       f"{m['mean_steps']:.1f}", f"{100 * m['loop_rate']:.1f}%",
                       str(m["environment_failures"]))
     return t
+
+
+def successes(path) -> dict[str, bool]:
+    """task id -> success in an episodes file, for the episodes the policy is accountable for
+    (environment, orchestrator and evaluator failures are left out)."""
+    from .store import read_episodes
+
+    return {e.task_id: e.success for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
+
+
+def paired(base: dict[str, bool], other: dict[str, bool], n_boot: int, seed: int) -> dict[str, Any]:
+    """``other`` minus ``base`` on the tasks both played: mean, bootstrap 95% CI, exact McNemar p."""
+    from .stats import mcnemar_exact, paired_bootstrap_ci
+
+    tasks = sorted(set(base) & set(other))
+    a, b = [base[t] for t in tasks], [other[t] for t in tasks]
+    mean, lo, hi = paired_bootstrap_ci([float(x) for x in a], [float(x) for x in b], n_boot=n_boot, seed=seed)
+    return {"n": len(tasks), "diff": mean, "diff_ci95": [lo, hi], "mcnemar_p": mcnemar_exact(a, b)}

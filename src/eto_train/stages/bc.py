@@ -11,12 +11,13 @@ from ..distributed import is_main, wait_for_manifest, with_grad_accum
 from ..model.load import is_local, load_model, load_tokenizer
 from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
 from ..store import read_episodes
+from ..training.resume import resume_checkpoint
 from ..training.save import save_policy
 from ..training.sft import make_trainer, sft_config, sft_dataset
 
 
 def run(cfg) -> None:
-    console = Console()
+    console = Console(markup=False)
     setup_runtime(cfg.runtime.train_threads)
     out = Path(cfg.paths.bc)
     inputs = {"experts": cfg.paths.experts}
@@ -46,10 +47,10 @@ def run(cfg) -> None:
     # -- train (resumes from the last checkpoint of an interrupted run) -----------------------
     if (kill := faultpoints.trainer_callback("bc")) is not None:  # tests only
         trainer.add_callback(kill)
-    has_ckpt = resume and any((out / "checkpoints").glob("checkpoint-*"))
-    if has_ckpt:
-        console.print(f"[bc] resuming from the last checkpoint in {out / 'checkpoints'}", markup=False)
-    result = trainer.train(resume_from_checkpoint=True if has_ckpt else None)
+    ckpt = resume_checkpoint(out / "checkpoints", resume)
+    if ckpt:
+        console.print(f"[bc] resuming from the last checkpoint {ckpt} (optimizer, scheduler, RNG)")
+    result = trainer.train(resume_from_checkpoint=ckpt)
 
     # -- save ------------------------------------------------------------------------------
     # one plain checkpoint downstream (adapters merged; gathered from all GPUs)
@@ -63,6 +64,8 @@ def run(cfg) -> None:
                "train_seconds": result.metrics["train_runtime"], "epochs": epochs,
                "trajectories": len(dataset), "tokens_per_epoch": tokens,
                "tokens_per_second": tokens * epochs / result.metrics["train_runtime"]}
+    if ckpt:  # then train_loss, train_seconds and tokens_per_second cover the steps after the resume
+        metrics["resumed_from"] = Path(ckpt).name
     stage.finish(metrics, output=str(out / "model"))
     console.print(f"[bc] loss {metrics['train_loss']:.4f} after {metrics['optimizer_steps']} steps, "
                   f"{metrics['tokens_per_second']:.0f} tokens/s -> {out / 'model'}")

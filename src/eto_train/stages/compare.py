@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..stage import Stage, setup_runtime, setup_wandb, to_plain
-from ..stats import mcnemar_exact, paired_bootstrap_ci, wilson_ci
+from ..evaluation import paired, successes
+from ..stats import wilson_ci
 from ..store import read_episodes, write_atomic, write_json
 from . import dpo, explore, pairs
 from .eto import prepare_bc
@@ -62,25 +63,12 @@ def sft_control(cfg, policy_path: str, chosen: list[list[dict]], steps: int, out
     return str(out / "model")
 
 
-def paired_rows(baseline: dict[str, bool], other: dict[str, bool], n_boot: int, seed: int) -> dict[str, Any]:
-    tasks = sorted(set(baseline) & set(other))
-    a, b = [baseline[t] for t in tasks], [other[t] for t in tasks]
-    mean, lo, hi = paired_bootstrap_ci([float(x) for x in a], [float(x) for x in b], n_boot=n_boot, seed=seed)
-    return {"n": len(tasks), "diff": mean, "diff_ci95": [lo, hi], "mcnemar_p": mcnemar_exact(a, b)}
-
-
-def _successes(path: Path) -> dict[str, bool]:
-    from ..records import NOT_POLICY_FAULT
-
-    return {e.task_id: e.success for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
-
-
 def run(cfg) -> dict[str, Any]:
-    console = Console(width=120)
+    console = Console(width=120, markup=False)
     cc = cfg.compare
     prepare_bc(cfg)
     bc_policy = str(Path(cfg.paths.bc) / "model")
-    out = Path(cfg.paths.run) / "compare"
+    out = Path(cfg.paths.compare)
 
     # -- one shared exploration (with step continuations when a variant needs them) ------------
     needs_step = any(v in ("step", "mixture") for v in cc.variants)
@@ -104,16 +92,17 @@ def run(cfg) -> dict[str, Any]:
     # -- the same held-out seeds for every policy ------------------------------------------------
     splits = list(cc.splits)
     results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "splits": {}}
-    for name, path in policies.items():
-        evaluate_policy(cfg, path, f"compare-{name}", splits, out / "eval" / name)
+    evals = {n: Path(cfg.paths.bc_eval) if n == "bc" else out / "eval" / n for n in policies}
+    for name, path in policies.items():  # BC's evaluation is shared with `make eto` (done once)
+        evaluate_policy(cfg, path, "bc" if name == "bc" else f"compare-{name}", splits, evals[name])
     for split in splits:
-        succ = {n: _successes(out / "eval" / n / split / "episodes.jsonl") for n in policies}
+        succ = {n: successes(evals[n] / split / "episodes.jsonl") for n in policies}
         rows = {}
         for n, s in succ.items():
             k, m = sum(s.values()), len(s)
             rows[n] = {"success": k / m if m else 0.0, "success_ci95": list(wilson_ci(k, m)), "n": m}
             if n != "bc":
-                rows[n]["vs_bc"] = paired_rows(succ["bc"], s, cc.bootstrap, cfg.seed)
+                rows[n]["vs_bc"] = paired(succ["bc"], s, cc.bootstrap, cfg.seed)
         results["splits"][split] = rows
     write_json(out / "compare.json", results)
     write_atomic(out / "compare.md", markdown(results))

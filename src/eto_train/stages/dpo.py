@@ -7,10 +7,15 @@ from pathlib import Path
 from datasets import Dataset
 from rich.console import Console
 
-from ..model.load import load_model, load_tokenizer
+from .. import faultpoints
+from ..dataio import check_pairs_policy
+from ..distributed import is_main, wait_for_manifest, with_grad_accum, world_size
+from ..model.load import load_model, load_tokenizer, policy_ref
 from ..pairs import Pair
-from ..stage import Stage, setup_runtime, setup_wandb, to_plain
+from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
 from ..training.dpo import dpo_config, make_dpo_trainer
+from ..training.resume import resume_checkpoint
+from ..training.save import save_policy
 
 
 def hyperparameters(cfg, iteration: int) -> dict:
@@ -24,7 +29,7 @@ def hyperparameters(cfg, iteration: int) -> dict:
 
 def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> str:
     """Train from ``policy_path`` (also the frozen reference); returns the new policy's folder."""
-    console = Console()
+    console = Console(markup=False)
     setup_runtime(cfg.runtime.train_threads)
     d = hyperparameters(cfg, iteration)
     stage_dir = out / "dpo"
@@ -32,29 +37,47 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
                   inputs={"policy": policy_path, "pairs": out / "pairs" / "pairs.jsonl"})
     if stage.done():
         return str(stage_dir / "model")
-    resume = stage.begin()
     if not pairs:
         raise ValueError(f"iteration {iteration}: no pairs to train on (see {out / 'pairs' / 'stats.json'})")
+    # pairs explored by another policy than this reference would make the DPO objective wrong
+    check_pairs_policy(pairs, policy_ref(policy_path).id, source=str(out / "pairs" / "pairs.jsonl"))
+    resume = stage.begin()
     report_to = setup_wandb(to_plain(cfg.wandb), stage_dir)
     tok = load_tokenizer(policy_path, trust_remote_code=cfg.trust_remote_code)
-    model = load_model(policy_path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code)
+    model = load_model(policy_path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code,
+                       quantization=cfg.model.get("quantization"))
     peft_config = None
     if cfg.model.lora:  # the reference is then the adapter-disabled model: no second copy
         from peft import LoraConfig
         peft_config = LoraConfig(task_type="CAUSAL_LM", **to_plain(cfg.model.lora))
     ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs])
+    if world_size() > 1:
+        # TRL caches the precomputed reference log-probs beside the dataset's files; an in-memory
+        # dataset has a temporary folder per process, so the others would not find rank 0's cache.
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():
+            ds = ds.flatten_indices(cache_file_name=str(stage_dir / "pairs_dataset" / "pairs.arrow"))
     # ref_model=None: TRL uses the starting weights (the explorer) as the frozen reference.
-    trainer = make_dpo_trainer(model, None, tok, ds, dpo_config(str(stage_dir / "checkpoints"), d, cfg.seed, report_to),
+    trainer = make_dpo_trainer(model, None, tok, ds,
+                               dpo_config(str(stage_dir / "checkpoints"), with_grad_accum(d), cfg.seed, report_to),
                                peft_config)
-    has_ckpt = resume and any((stage_dir / "checkpoints").glob("checkpoint-*"))
-    result = trainer.train(resume_from_checkpoint=True if has_ckpt else None)
-    final = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
-    final.save_pretrained(stage_dir / "model", safe_serialization=True)
-    tok.save_pretrained(stage_dir / "model")
+    ckpt = resume_checkpoint(stage_dir / "checkpoints", resume)
+    if ckpt:
+        console.print(f"[dpo] resuming from the last checkpoint {ckpt} (optimizer, scheduler, RNG)")
+    if (kill := faultpoints.trainer_callback(stage.name)) is not None:  # tests only
+        trainer.add_callback(kill)
+    result = trainer.train(resume_from_checkpoint=ckpt)
+    save_policy(trainer, tok, stage_dir / "model", policy_path, cfg.model.dtype, cfg.trust_remote_code)
+    if not is_main():  # under accelerate: wait for the main process to save and finish
+        wait_for_manifest(stage.manifest_path, config_hash(stage.config))
+        return str(stage_dir / "model")
     logs = [h for h in trainer.state.log_history if "loss" in h]
     metrics = {"train_loss": result.training_loss, "optimizer_steps": result.global_step,
                "train_seconds": result.metrics["train_runtime"], "pairs": len(ds),
                "first_log": logs[0] if logs else {}, "last_log": logs[-1] if logs else {}}
+    if ckpt:  # then train_loss and train_seconds cover the steps after the resume
+        metrics["resumed_from"] = Path(ckpt).name
     stage.finish(metrics, output=str(stage_dir / "model"))
     last = metrics["last_log"]
     console.print(f"[dpo] iteration {iteration}: {len(ds)} pairs, {result.global_step} steps, loss "

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..evaluation import paired, successes
 from ..store import write_json
 from . import bc, dpo, experts, explore, model, pairs
 from .evaluate import evaluate_policy
@@ -51,12 +52,13 @@ def prepare_bc(cfg) -> None:
 
 
 def run(cfg) -> dict[str, Any]:
-    console = Console()
+    console = Console(markup=False)
     prepare_bc(cfg)
     bc_policy = str(Path(cfg.paths.bc) / "model")
-    dev_split = cfg.eto.dev_split
-    bc_dev = evaluate_policy(cfg, bc_policy, "bc", [dev_split], Path(cfg.paths.run) / "eval" / "bc")[dev_split]
-    history = [{"iteration": 0, "policy": bc_policy, "dev": bc_dev["overall"]}]
+    dev_split, test_splits = cfg.eto.dev_split, list(cfg.eval.splits)
+    # BC on dev (the baseline for early stopping) and on the test splits (the paired baseline)
+    bc_res = evaluate_policy(cfg, bc_policy, "bc", [dev_split, *test_splits], Path(cfg.paths.bc_eval))
+    history = [{"iteration": 0, "policy": bc_policy, "dev": bc_res[dev_split]["overall"]}]
     best, policy = history[0], bc_policy
     for k in range(1, cfg.eto.iterations + 1):
         summary = run_iteration(cfg, k, policy)
@@ -68,9 +70,15 @@ def run(cfg) -> dict[str, Any]:
             console.print(f"[eto] iteration {k}: dev success {summary['dev']['success_rate']:.3f} does not beat "
                           f"{best['dev']['success_rate']:.3f} + {cfg.eto.min_improvement}: stopping")
             break
-    test = evaluate_policy(cfg, best["policy"], "eto_best", list(cfg.eval.splits), Path(cfg.paths.run) / "eval" / "eto_best")
+    best_eval = Path(cfg.paths.run) / "eval" / "eto_best"
+    test = evaluate_policy(cfg, best["policy"], "eto_best", test_splits, best_eval)
+    vs_bc = {}
+    for split in test_splits:
+        base = successes(Path(cfg.paths.bc_eval) / split / "episodes.jsonl")
+        vs_bc[split] = paired(base, successes(best_eval / split / "episodes.jsonl"), cfg.compare.bootstrap, cfg.seed)
     result = {"best_iteration": best["iteration"], "best_policy": best["policy"], "history": history,
-              "test": {s: r["overall"] for s, r in test.items()}}
+              "test": {s: r["overall"] for s, r in test.items()},
+              "bc_test": {s: bc_res[s]["overall"] for s in test_splits}, "best_vs_bc": vs_bc}
     write_json(Path(cfg.paths.eto) / "result.json", result)
     t = Table(title=f"ETO on {dev_split} (best: iteration {best['iteration']})")
     for col in ("iteration", "dev success [95% CI]", "score", "pairs"):
@@ -81,5 +89,10 @@ def run(cfg) -> dict[str, Any]:
                   f"{100 * m['success_ci95'][1]:.1f}] (n={m['scored_episodes']})", f"{m['mean_score']:.3f}",
                   str(h.get("pairs", "-")))
     console.print(t)
-    console.print(json.dumps(result["test"], indent=1)[:2000])
+    for split, d in vs_bc.items():
+        console.print(f"[eto] {split}: best iteration {best['iteration']} "
+                      f"{100 * result['test'][split]['success_rate']:.1f}% vs BC "
+                      f"{100 * result['bc_test'][split]['success_rate']:.1f}%, paired difference "
+                      f"{100 * d['diff']:+.1f} [{100 * d['diff_ci95'][0]:+.1f}, {100 * d['diff_ci95'][1]:+.1f}] "
+                      f"(n={d['n']}, McNemar p={d['mcnemar_p']:.3f})")
     return result

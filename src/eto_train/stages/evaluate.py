@@ -41,4 +41,4 @@ def run(cfg) -> None:
     ev = cfg.eval
     results = evaluate_policy(cfg, ev.policy, ev.tag, list(ev.splits), Path(cfg.paths.run) / "eval" / ev.tag)
     policy_id = next(iter(results.values()))["policy"] if results else ev.policy
-    Console(width=120).print(metrics_table(f"{ev.tag} ({policy_id})", results))
+    Console(width=120, markup=False).print(metrics_table(f"{ev.tag} ({policy_id})", results))

@@ -15,7 +15,7 @@ from ..store import write_jsonl
 
 
 def run(cfg) -> None:
-    console = Console()
+    console = Console(markup=False)
     env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
     out = Path(cfg.paths.experts)
     # Only what shapes the expert data: adding a held-out split does not redo it.

@@ -46,8 +46,9 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
     rollouts = Rollouts(cfg, policy_path, ref, sampling=sampling, batch_size=ex.batch_size)
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
     work = [WorkItem(t, s) for t in tasks for s in range(ex.samples)]
+    share = Path(cfg.paths.base) / "cache" / "explore"  # sweep jobs exploring the same policy share it
     episodes = rollouts.play(f"explore/iter{iteration}", out / "explore", work,
-                             extra_config={"explore": to_plain(ex)})
+                             extra_config={"explore": to_plain(ex)}, share=share)
     continuations: list[Episode] = []
     pc = cfg.eto.pairs
     if pc.contrast in ("step", "mixture") and pc.step_positions != "first_divergence":
@@ -59,5 +60,7 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                        for tid, e in sorted(experts.items())
                        for t in step_positions(e, pc.step_positions, pc.step_samples, rng)]
         continuations = rollouts.play(f"explore-step/iter{iteration}", out / "explore_step", prefix_work,
-                                      extra_config={"explore": to_plain(ex), "positions": pc.step_positions})
+                                      extra_config={"explore": to_plain(ex), "positions": pc.step_positions},
+                                      share=share)
+    rollouts.close()  # DPO comes next: free the GPU the engine held
     return episodes, continuations

@@ -15,7 +15,7 @@ from ..store import read_episodes
 
 
 def run(cfg) -> None:
-    console = Console()
+    console = Console(markup=False)
     if not cfg.model.build:
         console.print(f"[model] model.build=false: using {cfg.model.path} as it is")
         return

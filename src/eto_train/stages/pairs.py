@@ -55,7 +55,7 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
 
 
 def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:
-    console = Console()
+    console = Console(markup=False)
     experts = {e.task_id: e for e in read_episodes(cfg.paths.experts) if e.success}
     pairs, stats = build_pairs(cfg, experts, explored, continuations, cfg.seed + iteration)
     stats["config"] = to_plain(cfg.eto.pairs)

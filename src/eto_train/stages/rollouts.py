@@ -7,7 +7,10 @@ from typing import Any
 
 from rich.console import Console
 
+from .. import faultpoints
+from ..distributed import free_accelerator_memory, is_main, wait_for_manifest
 from ..envs import Task, make_env
+from ..envs.faults import fault_mark, fault_summary
 from ..evaluation import evaluate
 from ..model.load import is_local, load_model, load_tokenizer
 from ..prompting import PromptConfig
@@ -17,17 +20,52 @@ from ..stage import Stage, config_hash, to_plain
 from ..store import append_episodes, drop_partial_tail, read_episodes
 
 
+def make_policy(cfg, policy_path: str, sampling: dict[str, Any]):
+    """The rollout engine's policy for ``eval.backend``: hf (batched, KV-cached; CPU or GPU)
+    or vllm (GPU; the checkpoint is loaded into a vLLM engine once per policy)."""
+    gen = GenerationConfig(**sampling)
+    backend = cfg.eval.get("backend", "hf")
+    if backend == "vllm":
+        from ..rollout_vllm import VLLMPolicy
+
+        return VLLMPolicy.from_checkpoint(policy_path, gen, cfg.model.max_context, dtype=cfg.model.dtype,
+                                          seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+                                          **to_plain(cfg.eval.get("vllm") or {}))
+    if backend != "hf":
+        raise ValueError(f"eval.backend={backend!r}: use hf or vllm")
+    tok = load_tokenizer(policy_path, trust_remote_code=cfg.trust_remote_code)
+    model = load_model(policy_path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code, device="auto")
+    return Policy(model, tok, gen, cfg.model.max_context)
+
+
 class Rollouts:
-    """One loaded policy that plays work lists into stage folders."""
+    """One policy that plays work lists into stage folders.
+
+    The policy is loaded on first use, by the main process only: under `accelerate launch`
+    the other processes wait for the main one's episodes instead of playing them again.
+    """
 
     def __init__(self, cfg, policy_path: str, ref: PolicyRef, sampling: dict[str, Any], batch_size: int):
         self.cfg, self.path, self.ref = cfg, policy_path, ref
         self.env_cfg, self.prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
         self.sampling, self.batch_size = sampling, batch_size
-        tok = load_tokenizer(policy_path, trust_remote_code=cfg.trust_remote_code)
-        model = load_model(policy_path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code)
-        self.policy = Policy(model, tok, GenerationConfig(**sampling), cfg.model.max_context)
+        self.backend = cfg.eval.get("backend", "hf")
+        self._policy = None
         self._tasks: dict[str, list[Task]] = {}
+
+    @property
+    def policy(self):
+        if self._policy is None:
+            free_accelerator_memory()  # a trainer that just finished may still hold the GPU
+            self._policy = make_policy(self.cfg, self.path, self.sampling)
+        return self._policy
+
+    def close(self) -> None:
+        """Release the engine (vLLM holds most of the GPU until it is shut down)."""
+        if self._policy is not None and hasattr(self._policy, "close"):
+            self._policy.close()
+        self._policy = None
+        free_accelerator_memory()
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self._tasks:
@@ -38,17 +76,35 @@ class Rollouts:
                 env.close()
         return self._tasks[split]
 
-    def play(self, name: str, out: Path, work: list[WorkItem | tuple], extra_config: dict | None = None) -> list[Episode]:
-        """Episodes of ``work`` in ``out/episodes.jsonl``, playing only those not recorded yet."""
-        console = Console()
+    def play(self, name: str, out: Path, work: list[WorkItem | tuple], extra_config: dict | None = None,
+             share: Path | None = None) -> list[Episode]:
+        """Episodes of ``work`` in ``out/episodes.jsonl``, playing only those not recorded yet.
+
+        With ``share`` (a cache folder), a finished play with the very same stage config (the
+        policy id carries its weights' hash) is copied instead of played again, and this play is
+        published there when it finishes: the jobs of a sweep that explore the same policy the
+        same way play it once.
+        """
+        console = Console(markup=False)
         work = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
         stage = Stage(name, out, {"env": self.env_cfg, "prompt": to_plain(self.cfg.prompt), "seed": self.cfg.seed,
                                   "sampling": self.sampling, "policy": self.ref.id,
                                   "work": config_hash([w.key(self.ref.id, self.cfg.seed) for w in work]),
-                                  "episodes": len(work), **(extra_config or {})},
+                                  "episodes": len(work), **(extra_config or {}),
+                                  **({"backend": self.backend} if self.backend != "hf" else {})},
                       inputs={"policy": self.path} if is_local(self.path) else {})
         file = out / "episodes.jsonl"
         if stage.done():
+            return read_episodes(file)
+        cached = share / config_hash(stage.config) if share is not None else None
+        if cached is not None and is_main() and Stage(name, cached, stage.config, stage.inputs).done():
+            console.print(f"[{name}] same policy and config already played: reusing {cached}")
+            _copy(cached, out)
+            return read_episodes(file)
+        if not is_main():
+            wait_for_manifest(stage.manifest_path, config_hash(stage.config))
+            if not stage.done():
+                raise RuntimeError(f"[{name}] the main process finished with other inputs than this process's")
             return read_episodes(file)
         if not stage.begin():
             file.unlink(missing_ok=True)  # results of another config or policy: start clean
@@ -58,9 +114,27 @@ class Rollouts:
         if seen:
             console.print(f"[{name}] resuming: {len(seen)} episodes already recorded, {len(todo)} to go")
         rcfg = RolloutConfig(batch_size=self.batch_size, env_retries=self.cfg.eval.env_retries, seed=self.cfg.seed)
+        mark = fault_mark()
         with console.status(f"[{name}] {len(todo)} episodes, {self.batch_size} in parallel"):
             run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
-                         on_episode=lambda ep: append_episodes(file, [ep]))
+                         on_episode=lambda ep: (append_episodes(file, [ep]), faultpoints.hit(name)))
         episodes = read_episodes(file)
-        stage.finish(evaluate(episodes)["overall"], policy=self.ref.id)
+        metrics = evaluate(episodes)["overall"]
+        if self.env_cfg.get("faults"):
+            metrics["faults"] = fault_summary(mark)  # injected by envs.faults in this process
+        stage.finish(metrics, policy=self.ref.id)
+        if cached is not None:
+            _copy(out, cached)
         return episodes
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Episodes then manifest, each atomically: a half-copied folder is never seen as done."""
+    import os
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in ("episodes.jsonl", "manifest.json"):
+        tmp = dst / f".{f}.tmp"
+        shutil.copyfile(src / f, tmp)
+        os.replace(tmp, dst / f)

@@ -1,0 +1,139 @@
+"""Stage `report`: the demo's markdown report, written from what the other stages left on disk.
+
+It reads the ETO loop's result (`eto/result.json`, per-iteration dev metrics), the comparison
+(`compare/compare.json` and its evaluations) and the best iteration's test evaluation, pairs
+every policy with BC and with the SFT control on the same held-out seeds, and writes
+``report.md`` with a plot of success against iteration, the configs and the versions.
+Nothing here trains or plays: a report can be rebuilt at any time from a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from ..evaluation import paired, successes
+from ..stage import versions
+from ..stats import wilson_ci
+from ..store import read_episodes, write_atomic, write_json
+
+
+def env_failures(path: Path) -> int:
+    return sum(e.status == "environment_failure" for e in read_episodes(path))
+
+
+def pct(x: float, ci=None, signed: bool = False) -> str:
+    f = "+.1f" if signed else ".1f"
+    return f"{100 * x:{f}}%" + (f" [{100 * ci[0]:{f}}, {100 * ci[1]:{f}}]" if ci is not None else "")
+
+
+def _diff(d: dict[str, Any] | None) -> str:
+    """Two table cells: the paired difference with its interval, and the McNemar p-value."""
+    return f"{pct(d['diff'], d['diff_ci95'], True)} | {d['mcnemar_p']:.3f}" if d else "- | -"
+
+
+def iteration_plot(history: list[dict[str, Any]], path: Path, split: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [h["iteration"] for h in history]
+    ys = [100 * h["dev"]["success_rate"] for h in history]
+    lo = [100 * (h["dev"]["success_rate"] - h["dev"]["success_ci95"][0]) for h in history]
+    hi = [100 * (h["dev"]["success_ci95"][1] - h["dev"]["success_rate"]) for h in history]
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3)
+    ax.set_xticks(xs, ["BC" if x == 0 else str(x) for x in xs])
+    ax.set_xlabel("ETO iteration")
+    ax.set_ylabel(f"{split} success (%)")
+    ax.set_ylim(0, 100)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def build(cfg) -> dict[str, Any]:
+    run = Path(cfg.paths.run)
+    eto = json.loads((Path(cfg.paths.eto) / "result.json").read_text())
+    cmp_dir = Path(cfg.paths.compare)
+    cmp = json.loads((cmp_dir / "compare.json").read_text())
+    n_boot, seed = cfg.compare.bootstrap, cfg.seed
+    # Every policy evaluated on the same test seeds: BC, control and variants by compare, the
+    # best ETO iteration by eto (its test evaluation).
+    evals = {name: cmp_dir / "eval" / name for name in cmp["policies"]}
+    evals["bc"] = Path(cfg.paths.bc_eval)
+    evals[f"eto best (iteration {eto['best_iteration']})"] = run / "eval" / "eto_best"
+    rows: dict[str, dict[str, Any]] = {}
+    for split in cmp["splits"]:
+        succ = {n: successes(d / split / "episodes.jsonl") for n, d in evals.items()
+                if (d / split / "episodes.jsonl").exists()}
+        rows[split] = {}
+        for n, s in succ.items():
+            k, m = sum(s.values()), len(s)
+            r = {"success": k / m if m else 0.0, "success_ci95": list(wilson_ci(k, m)), "n": m,
+                 "environment_failures": env_failures(evals[n] / split / "episodes.jsonl")}
+            if n != "bc":
+                r["vs_bc"] = paired(succ["bc"], s, n_boot, seed)
+            if "control" in succ and n not in ("bc", "control"):
+                r["vs_control"] = paired(succ["control"], s, n_boot, seed)
+            rows[split][n] = r
+    best = f"eto best (iteration {eto['best_iteration']})"
+    headline = cfg.eval.splits[0]
+    verdict = None
+    if best in rows.get(headline, {}) and eto["best_iteration"] > 0:
+        r = rows[headline][best]
+        beats_bc = r["vs_bc"]["diff_ci95"][0] > 0
+        beats_control = "vs_control" in r and r["vs_control"]["diff_ci95"][0] > 0
+        verdict = {"split": headline, "beats_bc": beats_bc, "beats_control": beats_control}
+    return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "splits": rows, "verdict": verdict}
+
+
+def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
+    eto, dev = rep["eto"], cfg.eto.dev_split
+    out = [f"# ETO demo report: run `{cfg.run_name}`", "",
+           f"Environment `{cfg.env.name}` ({', '.join(g['name'] for g in cfg.env.games)}), model `{cfg.model.name}`, "
+           f"seed {cfg.seed}. Success rates with Wilson 95% intervals; differences are paired on the same seeds "
+           f"(bootstrap 95% interval over tasks, exact McNemar p).", "",
+           f"## Success against ETO iteration ({dev} split, model selection)", "",
+           "| iteration | dev success [95% CI] | n | explore success | pairs |", "| --- | --- | --- | --- | --- |"]
+    for h in eto["history"]:
+        m = h["dev"]
+        explore = pct(h["explore_success"]) if "explore_success" in h else "-"
+        out.append(f"| {'BC' if h['iteration'] == 0 else h['iteration']} | {pct(m['success_rate'], m['success_ci95'])} "
+                   f"| {m['scored_episodes']} | {explore} | {h.get('pairs', '-')} |")
+    out += ["", f"Best iteration on {dev}: {eto['best_iteration']} (0 = BC).", "", f"![success against iteration]({plot_name})",
+            "", "## Held-out test splits: every policy on the same seeds", "",
+            "| split | policy | n | success [95% CI] | vs BC [95% CI] | p | vs control [95% CI] | p | env failures |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for split, rows in rep["splits"].items():
+        for n, r in rows.items():
+            out.append(f"| {split} | {n} | {r['n']} | {pct(r['success'], r['success_ci95'])} | "
+                       f"{_diff(r.get('vs_bc'))} | {_diff(r.get('vs_control'))} | {r['environment_failures']} |")
+    out += ["", "`control` continues BC with SFT on the trajectory variant's chosen side for the same number of "
+            f"optimizer steps as its DPO ({rep['compare_dpo_steps']}); trajectory/step/mixture are single DPO "
+            "iterations from BC on one shared exploration.", "", "![variants](compare/compare.png)", ""]
+    v = rep["verdict"]
+    if v is None:
+        out.append("**Verdict:** no ETO iteration beat BC on the dev split; the best policy is BC.")
+    else:
+        out.append(f"**Verdict ({v['split']}):** the best ETO iteration "
+                   f"{'beats' if v['beats_bc'] else 'does not beat'} BC and "
+                   f"{'beats' if v['beats_control'] else 'does not beat'} the SFT control with a paired 95% interval above zero.")
+    out += ["", "## Configuration", "", "```yaml", OmegaConf.to_yaml(cfg, resolve=True).strip(), "```", "",
+            "## Versions", "", "```json", json.dumps(versions(), indent=1, sort_keys=True), "```", ""]
+    return "\n".join(out)
+
+
+def run(cfg) -> Path:
+    run_dir = Path(cfg.paths.run)
+    rep = build(cfg)
+    iteration_plot(rep["eto"]["history"], run_dir / "success_vs_iteration.png", cfg.eto.dev_split)
+    write_json(run_dir / "report.json", rep)
+    path = run_dir / "report.md"
+    write_atomic(path, markdown(cfg, rep, "success_vs_iteration.png"))
+    return path
