@@ -5,8 +5,9 @@ exchanges so far. When it does not fit: the oldest exchanges go first (never the
 turn, the task turn or the latest exchange, which holds the observation the model must act
 on); if it still does not fit, the newest observation itself is cut at its end and marked
 ``[... N tokens truncated]``. Only when even that is not enough (the system and task turns
-alone exceed the context) are tokens cut from the start, as a last resort. Every cut warns
-(:class:`ContextTruncationWarning`) and is counted in the return value.
+alone exceed the context) are tokens cut from the start, as a last resort. Every cut of text
+warns (:class:`ContextTruncationWarning`); dropped exchanges and cuts are counted in the return
+value (and so in each episode's ``truncated_turns``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def fit_prompt(tok, conv: list[dict[str, str]], budget: int) -> tuple[list[int],
     if len(ids) > budget:  # the system and task turns alone do not fit: cut the start
         start_cut = len(ids) - budget
         ids = ids[-budget:]
-    if dropped or cut or start_cut:
+    if cut or start_cut:  # dropping old exchanges alone is routine in long episodes: counted, not warned
         extra = f" and {start_cut} tokens from the prompt start (system/task turns too long)" if start_cut else ""
         warnings.warn(f"prompt of {total} tokens exceeds the context budget of {budget} tokens: dropped {dropped} "
                       f"oldest exchange(s), truncated {cut} tokens of the newest observation{extra}",
