@@ -3,8 +3,11 @@
 1. Rollout throughput: the batched lockstep engine (N parallel episodes) against one episode
    at a time, same model, same tasks, same greedy decoding; episodes/s and steps/s.
 2. Behavior-cloning training throughput: tokens per second of SFT steps on the tiny model.
+3. DPO: precomputed reference log-probs against TRL's on-the-fly reference.
+4. ScienceWorld steps/s: the adapter's fast path against the package's plain ``step()``, same
+   gold actions (needs no policy; alone: ``bench.only=sciworld``).
 
-    python scripts/bench.py [bench.episodes=32 bench.repeats=3 ...]
+    python scripts/bench.py [bench.episodes=32 bench.repeats=3 bench.only=sciworld ...]
 """
 
 from __future__ import annotations
@@ -35,10 +38,97 @@ def _rollouts(work, env_cfg, policy, ref, prompt, batch):
     return time.perf_counter() - t0, eps
 
 
+def _sciworld(cfg) -> dict:
+    """Steps/s replaying gold paths through the adapter (score and completion reads only) and
+    through the package's ``ScienceWorldEnv.step`` (which also lists every valid action)."""
+    import logging
+
+    from scienceworld import ScienceWorldEnv as PackageEnv
+
+    logging.getLogger("scienceworld").setLevel(logging.WARNING)  # it logs every load at INFO
+    sb = cfg.bench.sciworld
+    env_cfg = to_plain(cfg.env) if cfg.env.name == "sciworld" else \
+        OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "configs/env/sciworld.yaml"))
+    env = make_env(env_cfg)
+    package = None
+    try:
+        first = {}  # one variation of each task, in split order
+        for t in env.tasks(sb.split):
+            first.setdefault(t.game, t)
+        tasks = list(first.values())[: sb.variations]
+        gold = {t.task_id: env.expert_actions(t) for t in tasks}
+        package = PackageEnv("", envStepLimit=10**6)
+        fast, plain, wins, matches = [], [], True, []
+
+        def replay(reset, step, task):  # (seconds spent stepping, [(observation, won)])
+            reset(task)
+            obs, t0 = [], time.perf_counter()
+            for a in gold[task.task_id]:
+                obs.append(step(a))
+            return time.perf_counter() - t0, obs
+
+        def package_reset(t):
+            package.load(env.sim_names[t.game], t.seed, env.simplifications)
+            package.reset()
+
+        def package_step(a):
+            o, _, done, info = package.step(a)
+            return o.strip(), done and info["score"] >= 0
+
+        def adapter_step(a):
+            r = env.step(a)
+            return r.observation, r.success
+
+        # Alternated, so that drift hits both; the medians drop the package JVM's cold first pass.
+        for _ in range(sb.repeats):
+            runs_fast = [replay(env.reset, adapter_step, t) for t in tasks]
+            runs_plain = [replay(package_reset, package_step, t) for t in tasks]
+            fast.append(sum(s for s, _ in runs_fast))
+            plain.append(sum(s for s, _ in runs_plain))
+            wins &= all(o[-1][1] for _, o in runs_fast + runs_plain)  # every gold path won both ways
+            # Observations agree step by step except where the simulator itself draws at random
+            # (thermometer readings, for one, differ between two runs of the same path).
+            matches += [a == b for (_, fo), (_, po) in zip(runs_fast, runs_plain) for a, b in zip(fo, po)]
+    finally:
+        env.close()
+        if package is not None:
+            package.close()
+            package.close = lambda: None  # the package's __del__ closes again
+    steps = sum(len(a) for a in gold.values())
+    mf, mp = statistics.median(fast), statistics.median(plain)
+    return {"tasks": [t.task_id for t in tasks], "steps": steps, "repeats": sb.repeats,
+            "adapter_jvm": [f"-Xmx{env.heap_mb}m", *env.jvm_options], "package_jvm": "as the package starts it",
+            "adapter_seconds": fast, "package_seconds": plain, "adapter_steps_per_s": steps / mf,
+            "package_steps_per_s": steps / mp, "speedup": mp / mf, "all_won_both_ways": wins,
+            "same_observation_fraction": sum(matches) / len(matches)}
+
+
+def _sciworld_rows(t, sw) -> None:
+    t.add_row(f"ScienceWorld adapter, gold paths of {len(sw['tasks'])} tasks (median of {sw['repeats']})",
+              f"{sw['adapter_steps_per_s']:.0f} steps/s ({sw['steps']} steps)")
+    t.add_row("ScienceWorld package step(), same actions (median)", f"{sw['package_steps_per_s']:.1f} steps/s")
+    t.add_row("speedup adapter / package", f"{sw['speedup']:.1f}x")
+    t.add_row("all gold paths won both ways; steps with the same observation",
+              f"{sw['all_won_both_ways']}; {sw['same_observation_fraction']:.1%}")
+
+
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
-    console = Console(width=120)
+    console = Console(width=120, markup=False)
     b = cfg.bench
+    if b.only not in (None, "sciworld"):
+        raise ValueError(f"bench.only: {b.only!r} is not a section that runs alone (sciworld, or null for all)")
+    if b.only == "sciworld":
+        sw = _sciworld(cfg)
+        out = Path(cfg.paths.run) / "bench"
+        write_json(out / "sciworld.json", {"sciworld": sw, "versions": versions(), "config": OmegaConf.to_container(b)})
+        t = Table(title="make bench: ScienceWorld")
+        t.add_column("measure")
+        t.add_column("value", justify="right")
+        _sciworld_rows(t, sw)
+        console.print(t)
+        console.print(f"-> {out / 'sciworld.json'}")
+        return
     setup_runtime(cfg.runtime.rollout_threads)
     env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
     policy_path = b.policy
@@ -113,7 +203,10 @@ def main(cfg) -> None:
     dpo_res = {m: {"median_s": statistics.median(x["seconds"] for x in runs), "final_loss": runs[-1]["final_loss"],
                    "steps": runs[-1]["steps"]} for m, runs in dpo_runs.items()}
 
+    sw = _sciworld(cfg) if b.sciworld.variations else None
+
     results = {
+        "sciworld": sw,
         "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
                     "batched_seconds": batched, "sequential_seconds": sequential,
                     "batched_median_s": mb, "sequential_median_s": ms, "speedup": ms / mb,
@@ -143,6 +236,8 @@ def main(cfg) -> None:
         t.add_row("DPO epoch, TRL's on-the-fly reference (median)",
                   f"{fly['median_s']:.1f} s  ({fly['median_s'] / pre['median_s']:.2f}x)")
         t.add_row("final DPO loss, precomputed / on the fly", f"{pre['final_loss']:.6f} / {fly['final_loss']:.6f}")
+    if sw:
+        _sciworld_rows(t, sw)
     console.print(t)
     console.print(f"-> {out / 'bench.json'}")
 

@@ -248,11 +248,12 @@ def _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_en
         res = StepResult(observation=prompt.invalid_format, reward=slot.reward, done=False, success=False)
         valid = False
     else:
-        valid = slot.valid_actions is None or action in slot.valid_actions
         try:
             res = slot.env.step(action)
         except EnvironmentFailure as exc:
             return _env_failed(slot, ep, exc, ep.policy, prompt, cfg, make_env, on_episode)
+        # games that do not list valid actions (ScienceWorld's fast path) say whether they parsed it
+        valid = action in slot.valid_actions if slot.valid_actions is not None else bool(res.info.get("recognized", True))
     _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped)
     if res.done or len(ep.steps) >= slot.env.max_steps(task):
         ep.finish("success" if res.success else "failure" if res.done else "max_steps")

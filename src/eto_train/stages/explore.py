@@ -58,7 +58,8 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
         by_id = {t.task_id: t for t in tasks}
         prefix_work = [WorkItem(by_id[tid], 0, tuple(s.action for s in e.steps[:t]))
                        for tid, e in sorted(experts.items())
-                       for t in step_positions(e, pc.step_positions, pc.step_samples, rng)]
+                       for t in step_positions(e, pc.step_positions, pc.step_samples, rng)
+                       if t < e.env_params.get("max_steps", t + 1)]  # gold paths may exceed the limit
         continuations = rollouts.play(f"explore-step/iter{iteration}", out / "explore_step", prefix_work,
                                       extra_config={"explore": to_plain(ex), "positions": pc.step_positions},
                                       share=share)
