@@ -59,7 +59,7 @@ def test_stages_write_their_outputs_and_manifests(toy_run):
         assert m["overall"]["episodes"] == n and set(m["per_game"]) == games
         lo, hi = m["overall"]["success_ci95"]
         assert 0.0 <= lo <= m["overall"]["success_rate"] <= hi <= 1.0
-        assert json.loads((d / "manifest.json").read_text())["threads"] == 1
+        assert json.loads((d / "manifest.json").read_text())["threads"] == 2  # runtime.rollout_threads
         assert m["policy"].startswith("bc@")
 
 
@@ -93,6 +93,11 @@ def test_compare_trains_every_variant_and_the_control_from_bc_and_pairs_them(toy
     lo, hi = seen["step"]["vs_bc"]["diff_ci95"]
     assert lo <= seen["step"]["vs_bc"]["diff"] <= hi
     assert "| seen | control |" in (out / "compare.md").read_text()
+    # the trajectory variant is ETO iteration 1 (same policy, pairs and config): trained once, copied
+    it1 = toy_run / "eto" / "iter1" / "dpo"
+    assert (out / "trajectory" / "dpo" / "manifest.json").read_text() == (it1 / "manifest.json").read_text()
+    assert (out / "trajectory" / "dpo" / "model" / "model.safetensors").read_bytes() == \
+        (it1 / "model" / "model.safetensors").read_bytes()
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
     # step pairs contrast one action after the expert prefix
     step_pairs = [json.loads(x) for x in (out / "step" / "pairs" / "pairs.jsonl").read_text().splitlines()]

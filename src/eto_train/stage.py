@@ -189,3 +189,23 @@ def _threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def copy_outputs(src: Path, dst: Path, names: list[str]) -> None:
+    """Copy a finished stage's outputs (files or folders) and then its manifest, each by a
+    temporary name and a rename: a half-copied stage is never seen as done. Used to share a
+    stage between sweep jobs that run it with the very same config and inputs."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in [*names, "manifest.json"]:
+        tmp, final = dst / f".{name}.tmp", dst / name
+        if tmp.exists():
+            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+        if (src / name).is_dir():
+            shutil.copytree(src / name, tmp)
+            if final.exists():
+                shutil.rmtree(final)
+        else:
+            shutil.copyfile(src / name, tmp)
+        os.replace(tmp, final)

@@ -26,6 +26,7 @@ from ..store import read_episodes, write_atomic, write_json
 from . import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
+from .report import pct
 
 
 def _with(cfg, **updates):
@@ -114,16 +115,11 @@ def run(cfg) -> dict[str, Any]:
     for split, rows in results["splits"].items():
         for n, r in rows.items():
             vs = r.get("vs_bc")
-            t.add_row(split, n, str(r["n"]), _pct(r["success"], r["success_ci95"]),
-                      _pct(vs["diff"], vs["diff_ci95"], signed=True) if vs else "-", f"{vs['mcnemar_p']:.3f}" if vs else "-")
+            t.add_row(split, n, str(r["n"]), pct(r["success"], r["success_ci95"]),
+                      pct(vs["diff"], vs["diff_ci95"], signed=True) if vs else "-", f"{vs['mcnemar_p']:.3f}" if vs else "-")
     console.print(t)
     console.print(f"-> {out / 'compare.md'}, {out / 'compare.png'}")
     return results
-
-
-def _pct(x: float, ci, signed: bool = False) -> str:
-    f = "+.1f" if signed else ".1f"
-    return f"{100 * x:{f}}% [{100 * ci[0]:{f}}, {100 * ci[1]:{f}}]"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -132,10 +128,10 @@ def markdown(results: dict[str, Any]) -> str:
     for split, rows in results["splits"].items():
         for n, r in rows.items():
             vs = r.get("vs_bc")
-            lines.append(f"| {split} | {n} | {r['n']} | {_pct(r['success'], r['success_ci95'])} | "
-                         f"{_pct(vs['diff'], vs['diff_ci95'], signed=True) if vs else '-'} | "
+            lines.append(f"| {split} | {n} | {r['n']} | {pct(r['success'], r['success_ci95'])} | "
+                         f"{pct(vs['diff'], vs['diff_ci95'], signed=True) if vs else '-'} | "
                          f"{vs['mcnemar_p']:.3f} |" if vs else
-                         f"| {split} | {n} | {r['n']} | {_pct(r['success'], r['success_ci95'])} | - | - |")
+                         f"| {split} | {n} | {r['n']} | {pct(r['success'], r['success_ci95'])} | - | - |")
     return "\n".join(lines) + "\n"
 
 

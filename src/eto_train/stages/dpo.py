@@ -12,7 +12,7 @@ from ..dataio import check_pairs_policy
 from ..distributed import is_main, wait_for_manifest, with_grad_accum, world_size
 from ..model.load import load_model, load_tokenizer, policy_ref
 from ..pairs import Pair
-from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
+from ..stage import Stage, config_hash, copy_outputs, setup_runtime, setup_wandb, to_plain
 from ..training.dpo import dpo_config, make_dpo_trainer
 from ..training.resume import resume_checkpoint
 from ..training.save import save_policy
@@ -36,6 +36,14 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
     stage = Stage(f"dpo/iter{iteration}", stage_dir, {"dpo": d, "seed": cfg.seed},
                   inputs={"policy": policy_path, "pairs": out / "pairs" / "pairs.jsonl"})
     if stage.done():
+        return str(stage_dir / "model")
+    # The same DPO (config, starting policy and pairs, by content) already trained by another
+    # job of a sweep, or by `make eto` for `make compare-contrast`'s trajectory variant: copy it.
+    stage.input_hashes = stage._input_hashes()
+    cached = Path(cfg.paths.base) / "cache" / "dpo" / config_hash({"c": stage.config, "i": stage.input_hashes})
+    if world_size() == 1 and Stage(stage.name, cached, stage.config, stage.inputs).done():  # one process: no collective to skip
+        console.print(f"[dpo] the same training already ran: reusing {cached}")
+        copy_outputs(cached, stage_dir, ["model"])
         return str(stage_dir / "model")
     if not pairs:
         raise ValueError(f"iteration {iteration}: no pairs to train on (see {out / 'pairs' / 'stats.json'})")
@@ -79,6 +87,8 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
     if ckpt:  # then train_loss and train_seconds cover the steps after the resume
         metrics["resumed_from"] = Path(ckpt).name
     stage.finish(metrics, output=str(stage_dir / "model"))
+    if world_size() == 1:
+        copy_outputs(stage_dir, cached, ["model"])
     last = metrics["last_log"]
     console.print(f"[dpo] iteration {iteration}: {len(ds)} pairs, {result.global_step} steps, loss "
                   f"{result.training_loss:.4f}; last: reward acc {last.get('rewards/accuracies', float('nan')):.2f}, "

@@ -70,13 +70,17 @@ def run(cfg) -> dict[str, Any]:
             console.print(f"[eto] iteration {k}: dev success {summary['dev']['success_rate']:.3f} does not beat "
                           f"{best['dev']['success_rate']:.3f} + {cfg.eto.min_improvement}: stopping")
             break
-    best_eval = Path(cfg.paths.run) / "eval" / "eto_best"
-    test = evaluate_policy(cfg, best["policy"], "eto_best", test_splits, best_eval)
+    if best["iteration"] == 0:  # no iteration beat BC on dev: BC's own test evaluation stands
+        best_eval, test = Path(cfg.paths.bc_eval), {s: bc_res[s] for s in test_splits}
+    else:
+        best_eval = Path(cfg.paths.run) / "eval" / "eto_best"
+        test = evaluate_policy(cfg, best["policy"], "eto_best", test_splits, best_eval)
     vs_bc = {}
     for split in test_splits:
         base = successes(Path(cfg.paths.bc_eval) / split / "episodes.jsonl")
         vs_bc[split] = paired(base, successes(best_eval / split / "episodes.jsonl"), cfg.compare.bootstrap, cfg.seed)
-    result = {"best_iteration": best["iteration"], "best_policy": best["policy"], "history": history,
+    result = {"best_iteration": best["iteration"], "best_policy": best["policy"], "best_eval": str(best_eval),
+              "history": history,
               "test": {s: r["overall"] for s, r in test.items()},
               "bc_test": {s: bc_res[s]["overall"] for s in test_splits}, "best_vs_bc": vs_bc}
     write_json(Path(cfg.paths.eto) / "result.json", result)

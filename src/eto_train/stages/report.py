@@ -26,8 +26,9 @@ def env_failures(path: Path) -> int:
 
 
 def pct(x: float, ci=None, signed: bool = False) -> str:
-    f = "+.1f" if signed else ".1f"
-    return f"{100 * x:{f}}%" + (f" [{100 * ci[0]:{f}}, {100 * ci[1]:{f}}]" if ci is not None else "")
+    """A rate in percent, or (signed) a difference of rates in percentage points."""
+    f, unit = ("+.1f", " pts") if signed else (".1f", "%")
+    return f"{100 * x:{f}}{unit}" + (f" [{100 * ci[0]:{f}}, {100 * ci[1]:{f}}]" if ci is not None else "")
 
 
 def _diff(d: dict[str, Any] | None) -> str:
@@ -67,7 +68,7 @@ def build(cfg) -> dict[str, Any]:
     # best ETO iteration by eto (its test evaluation).
     evals = {name: cmp_dir / "eval" / name for name in cmp["policies"]}
     evals["bc"] = Path(cfg.paths.bc_eval)
-    evals[f"eto best (iteration {eto['best_iteration']})"] = run / "eval" / "eto_best"
+    evals[f"eto best (iteration {eto['best_iteration']})"] = Path(eto.get("best_eval", run / "eval" / "eto_best"))
     rows: dict[str, dict[str, Any]] = {}
     for split in cmp["splits"]:
         succ = {n: successes(d / split / "episodes.jsonl") for n, d in evals.items()

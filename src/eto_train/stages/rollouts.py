@@ -16,7 +16,7 @@ from ..model.load import is_local, load_model, load_tokenizer
 from ..prompting import PromptConfig
 from ..records import Episode, PolicyRef
 from ..rollout import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
-from ..stage import Stage, config_hash, to_plain
+from ..stage import Stage, config_hash, copy_outputs, to_plain
 from ..store import append_episodes, drop_partial_tail, read_episodes
 
 
@@ -99,7 +99,7 @@ class Rollouts:
         cached = share / config_hash(stage.config) if share is not None else None
         if cached is not None and is_main() and Stage(name, cached, stage.config, stage.inputs).done():
             console.print(f"[{name}] same policy and config already played: reusing {cached}")
-            _copy(cached, out)
+            copy_outputs(cached, out, ["episodes.jsonl"])
             return read_episodes(file)
         if not is_main():
             wait_for_manifest(stage.manifest_path, config_hash(stage.config))
@@ -124,17 +124,6 @@ class Rollouts:
             metrics["faults"] = fault_summary(mark)  # injected by envs.faults in this process
         stage.finish(metrics, policy=self.ref.id)
         if cached is not None:
-            _copy(out, cached)
+            copy_outputs(out, cached, ["episodes.jsonl"])
         return episodes
 
-
-def _copy(src: Path, dst: Path) -> None:
-    """Episodes then manifest, each atomically: a half-copied folder is never seen as done."""
-    import os
-    import shutil
-
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in ("episodes.jsonl", "manifest.json"):
-        tmp = dst / f".{f}.tmp"
-        shutil.copyfile(src / f, tmp)
-        os.replace(tmp, dst / f)
