@@ -22,6 +22,7 @@ TOY = [
     "bc.max_steps=3", "bc.batch_size=4", "bc.save_steps=2", "wandb.enabled=false",
     "eval.batch_size=4", "eval.generation.max_new_tokens=6", "env.splits.dev.count=1",
     "eto.explore.tasks_per_game=3", "eto.explore.batch_size=6", "eto.dpo.max_steps=2", "eto.dpo.batch_size=2", "eto.dpo.logging_steps=1",
+    "eto.dpo.loss_type=[sigmoid]", "eto.dpo.loss_weights=null",  # the paper's loss: log 2 at step 0
 ]
 
 
@@ -75,6 +76,7 @@ def test_one_eto_iteration_explores_pairs_trains_and_evaluates(toy_run):
     assert dpo["status"] == "done" and dpo["metrics"]["optimizer_steps"] == 2
     first = dpo["metrics"]["first_log"]
     assert abs(first["loss"] - 0.6931) < 1e-3  # policy == reference at step 0: log 2
+    assert abs(first["rewards/margins"]) < 1e-6
     summary = json.loads((it / "summary.json").read_text())
     assert summary["dev"]["episodes"] == 2 and summary["policy"].endswith("iter1/dpo/model")
     # the next `make eto-iter` starts from this iteration's policy

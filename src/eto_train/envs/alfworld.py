@@ -238,13 +238,8 @@ class ALFWorldEnv:
 
     def close(self) -> None:
         pddl, self._pddl = getattr(self, "_pddl", None), None
-        lib = getattr(pddl, "downward_lib", None)
         self._env = None
-        if lib is not None:
-            try:  # unload this adapter's copy of Fast Downward
-                from fast_downward import close_lib
-                pddl._pddl_state = None
-                close_lib(lib)
-            except Exception:
-                pass
-            pddl.downward_lib = None
+        if pddl is not None:
+            # The planner library stays loaded until the process exits: unloading it (dlclose)
+            # while TextWorld still holds references made the interpreter segfault at exit.
+            pddl._pddl_state = None
