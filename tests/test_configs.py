@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+PAPER_EXPERIMENTS = [n for n in EXPERIMENTS if n.split("_")[0] in ("alfworld", "sciworld")]
 NEEDED_ENVS = ("sciworld", "alfworld")
 
 
@@ -52,7 +53,18 @@ def test_experiment_is_optional_and_the_cpu_default_unchanged():
     assert "effective_batch" not in cfg.bc and "quantization" not in cfg.model  # tiny runs' hashes kept
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_the_fault_experiment_turns_on_ten_percent_faults_and_nothing_else():
+    base = OmegaConf.to_container(compose([]), resolve=True)
+    cfg = OmegaConf.to_container(compose(["experiment=faults10"]), resolve=True)
+    rates = [cfg["env"]["faults"][k]["rate"] for k in ("timeout", "crash", "malformed")]
+    p_any = 1 - (1 - rates[0]) * (1 - rates[1]) * (1 - rates[2])
+    assert abs(p_any - 0.10) < 0.005 and cfg["eval"]["env_retries"] == 3
+    for d in (base, cfg):
+        d["env"].pop("faults"), d["eval"].pop("env_retries")
+    assert cfg == base
+
+
+@pytest.mark.parametrize("name", PAPER_EXPERIMENTS)
 def test_every_experiment_composes_and_resolves(name, searchpath, monkeypatch):
     from eto_train.distributed import with_grad_accum
     from eto_train.stages.dpo import hyperparameters

@@ -114,28 +114,77 @@ def test_every_injected_fault_is_retried_or_recorded_as_environment_failure(slee
     retries = 2
     work = [(t, 0) for t in GoalEnv().tasks("train")]
     mark = fault_mark()
-    eps, ledger = play(work, retries=retries)
+    eps, ledger = play(work, retries=retries, policy=HashPolicy())
     assert len(eps) == len(work) and len({e.episode_id for e in eps}) == len(work)
-    per_task = ledger.by_task()
     failed = [e for e in eps if e.status == "environment_failure"]
-    recovered = [e for e in eps if e.status != "environment_failure" and per_task.get(e.task_id, 0)]
+    recovered = [e for e in eps if e.status != "environment_failure" and e.env_errors]
+    # accounting: every injected fault was met by exactly one episode, in order
+    assert sorted(m for e in eps for m in e.env_errors) == sorted(
+        f"{'EnvironmentTimeout' if ev.kind == 'timeout' else 'EnvironmentFailure'}: {ev.message}" for ev in ledger.events)
+    per_call = {}
+    for ev in ledger.events:
+        per_call[ev.task_id, ev.call] = per_call.get((ev.task_id, ev.call), 0) + 1
     for e in eps:
-        n = per_task.get(e.task_id, 0)
+        worst = max((n for (t, _), n in per_call.items() if t == e.task_id), default=0)
         if e.status == "environment_failure":
-            assert n == retries + 1, (e.task_id, n)  # every attempt faulted
+            assert worst == retries + 1, (e.task_id, worst)  # one call faulted on every attempt
             assert "injected fault" in e.error and f"after {retries} retries" in e.error
         else:
-            assert n <= retries, (e.task_id, n)  # the faults were retried away
-            assert e.steps[0].index == 0 and [s.index for s in e.steps] == list(range(e.num_steps))
+            assert worst <= retries, (e.task_id, worst)  # each faulted call was retried away
+            assert [s.index for s in e.steps] == list(range(e.num_steps))
     # the test's seeds exercise both outcomes and every kind of fault
     assert failed and recovered
     counts = ledger.counts()
     assert all(counts[k] > 0 for k in ("timeout", "crash", "malformed", "on_reset", "on_step"))
-    assert counts["injected_faults"] == len(ledger.events) == sum(per_task.values())
+    assert counts["injected_faults"] == len(ledger.events)
     assert fault_summary(mark) == counts  # the process-wide log a stage report reads
     # each retry waited with exponential backoff; a failure's last fault is not retried
     assert len(sleeps) == len(ledger.events) - len(failed)
     assert set(sleeps) <= {0.1, 0.2}
+
+
+def test_a_recovered_episode_is_the_episode_a_fault_free_run_records(sleeps):
+    """Recovery replays the episode on a fresh instance and continues where it failed."""
+    work = [(t, 0) for t in GoalEnv().tasks("train")]
+    clean, _ = play(work, faults={}, policy=HashPolicy())
+    faulty, ledger = play(work, retries=3, policy=HashPolicy())
+    recovered = [e for e in faulty if e.env_errors and e.status != "environment_failure"]
+    assert len(recovered) >= 5 and any(ev.where == "step" and ev.call >= 2 for ev in ledger.events)
+    by_id = {d["episode_id"]: d for d in _same(clean)}
+    for e in recovered:
+        d = _same([e])[0]
+        assert d.pop("env_errors") and not by_id[e.episode_id].pop("env_errors")
+        assert d == by_id[e.episode_id], e.episode_id
+
+
+class ForgetfulEnv(GoalEnv):
+    """Crashes once at step 2; a fresh instance answers step 1 differently (not deterministic)."""
+
+    instances = 0
+
+    def __init__(self):
+        super().__init__()
+        ForgetfulEnv.instances += 1
+        self.n = ForgetfulEnv.instances
+
+    def step(self, action):
+        if self.n == 1 and self.t == 1:
+            raise EnvironmentFailure("simulator died")
+        res = super().step(action)
+        return res if self.n == 1 else StepResult(f"{res.observation} (instance {self.n})", res.reward, res.done,
+                                                  res.success, valid_actions=res.valid_actions)
+
+
+def test_a_replay_that_diverges_from_the_record_is_an_environment_failure(sleeps):
+    ForgetfulEnv.instances = 0
+    eps = []
+    run_rollouts([(GoalEnv().tasks("train")[0], 0)], ForgetfulEnv, HashPolicy(), REF, PromptConfig(),
+                 RolloutConfig(batch_size=1, env_retries=2), on_episode=eps.append)
+    (ep,) = eps
+    assert ep.status == "environment_failure" and ep.num_steps == 1
+    assert ep.env_errors[0] == "EnvironmentFailure: simulator died"
+    assert all("step 0 answered differently than recorded" in m for m in ep.env_errors[1:])
+    assert len(ep.env_errors) == 3 and "after 2 retries" in ep.error
 
 
 def _same(eps):
@@ -178,7 +227,7 @@ def test_a_retry_draws_afresh_and_can_succeed():
             except EnvironmentFailure:
                 outcomes.append("fault")
         k = outcomes.count("fault")
-        # each fault moves the task to its next attempt; once an attempt is clean it stays clean
+        # each fault moves the call to its next attempt; once an attempt is clean it stays clean
         assert outcomes == ["fault"] * k + ["ok"] * (6 - k)
         assert [e.attempt for e in ledger.events] == list(range(k))
         retried_ok += 0 < k < 6

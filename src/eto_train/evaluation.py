@@ -44,6 +44,8 @@ def summarize(episodes: list[Episode]) -> dict[str, Any]:
         "loop_rate": sum(has_loop(e) for e in scored) / n if n else 0.0,
         "max_steps_rate": sum(e.status == "max_steps" for e in scored) / n if n else 0.0,
         "environment_failures": sum(e.status == "environment_failure" for e in episodes),
+        "environment_errors": sum(len(e.env_errors) for e in episodes),  # failed env calls, recovered or not
+        "recovered_episodes": sum(bool(e.env_errors) and e.status != "environment_failure" for e in episodes),
         "other_failures": sum(e.status in ("orchestrator_failure", "evaluator_failure") for e in episodes),
         "model_failures": sum(e.status == "model_failure" for e in episodes),
         "truncated_episodes": sum(e.truncated_turns > 0 for e in episodes),

@@ -69,6 +69,7 @@ class Episode:
     final_score: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    env_errors: list[str] = field(default_factory=list)  # environment failures met (recovered or not)
     truncated_turns: int = 0  # turns dropped from the prompt to fit the context window
     schema_version: int = SCHEMA_VERSION
 

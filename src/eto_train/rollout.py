@@ -124,14 +124,17 @@ class _Slot:
     conv: list[dict[str, str]] = field(default_factory=list)
     valid_actions: list[str] | None = None
     reward: float = 0.0
-    attempts: int = 0
 
 
 @dataclass
 class RolloutConfig:
     batch_size: int = 32
-    env_retries: int = 2  # environment failures retried under the same episode id
+    env_retries: int = 3  # a failed environment call is retried this many times (episode rebuilt by replay)
     seed: int = 0
+
+
+class _RetriesExhausted(Exception):
+    pass
 
 
 def run_rollouts(
@@ -162,10 +165,8 @@ def run_rollouts(
             latency = time.perf_counter() - t0
             kept, restarted = [], []
             for row, (slot, (text, n_prompt, n_new, dropped)) in enumerate(zip(active, outs)):
-                episode = slot.episode
                 if _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_env, on_episode):
-                    # same episode: its cache row continues; a retried one (env failure) restarts
-                    (kept if slot.episode is episode else restarted).append((row, slot))
+                    kept.append((row, slot))  # same episode: its cache row continues
                 elif _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode):
                     restarted.append((row, slot))
             session.keep([row for row, _ in kept])
@@ -182,7 +183,7 @@ def run_rollouts(
 def _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
     """Reset the slot's env on the next task; False when the queue is empty."""
     while queue:
-        slot.item, slot.attempts = queue.pop(), 0
+        slot.item = queue.pop()
         if _reset(slot, policy_ref, prompt, cfg, make_env, on_episode):
             return True
     return False
@@ -198,17 +199,18 @@ def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
         prompt_version=prompt.version, system=sys_msg["content"], first_user="",
         instruction="", first_observation="", sample_index=item.sample_index,
         env_params={"max_steps": slot.env.max_steps(task), "expert_prefix": len(item.prefix)})
+    slot.episode, slot.conv = ep, []
     try:
-        instruction, first = slot.env.reset(task)
+        instruction, first = _call(slot, cfg, make_env, lambda env: env.reset(task))
         user = first_user_message(prompt, instruction, first.observation)
         ep.instruction, ep.first_observation, ep.first_user = instruction, first.observation, user["content"]
-        slot.episode, slot.conv = ep, [sys_msg, user]
+        slot.conv = [sys_msg, user]
         slot.valid_actions, slot.reward = first.valid_actions, first.reward
         for action in item.prefix:  # the expert's steps, replayed
-            res = slot.env.step(action)
+            res = _call(slot, cfg, make_env, lambda env: env.step(action))
             _record(slot, format_action(action), action, action in (slot.valid_actions or [action]), res, 0.0, 0, 0, 0)
-    except EnvironmentFailure as exc:
-        return _env_failed(slot, ep, exc, policy_ref, prompt, cfg, make_env, on_episode)
+    except _RetriesExhausted as exc:
+        return _env_failed(slot, exc, on_episode)
     if ep.steps and (ep.steps[-1].done or len(ep.steps) >= slot.env.max_steps(task)):
         raise ValueError(f"{task.task_id}: expert prefix of {len(item.prefix)} steps already ends the episode")
     return True
@@ -225,18 +227,55 @@ def _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped) -
     slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": res.observation}]
 
 
-def _env_failed(slot, ep, exc, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
-    """Retry the episode from scratch on a fresh env instance, or record the failure."""
-    try:
-        slot.env.close()
-    finally:
-        slot.env = make_env()
-    if slot.attempts < cfg.env_retries:
-        slot.attempts += 1
-        time.sleep(min(0.05 * 2 ** slot.attempts, 2.0))  # backoff before the same episode again
-        return _reset(slot, policy_ref, prompt, cfg, make_env, on_episode)
-    ep.finish("environment_failure", error=f"{type(exc).__name__}: {exc} (after {slot.attempts} retries)")
-    on_episode(ep)
+def _call(slot, cfg, make_env, fn):
+    """``fn(env)`` on the slot's environment, recovering from environment failures.
+
+    Each failure is logged in the episode (``env_errors``); the instance is replaced by a fresh
+    one, the episode so far is rebuilt on it (reset and the recorded actions replayed, each
+    answer checked against the recorded observation), and ``fn`` is tried again, after an
+    exponential backoff, up to ``cfg.env_retries`` times. Rebuilding by replay, rather than
+    playing the episode again from scratch, keeps what the policy already did: the episode
+    continues exactly where it failed (same actions, same KV-cache row), so a recovered episode
+    is the episode a fault-free run records. Written by hand: no maintained library checkpoints
+    a text simulator's state; replay of the recorded actions is the portable way to restore it.
+    """
+    ep = slot.episode
+    for attempt in range(cfg.env_retries + 1):
+        try:
+            if attempt:
+                time.sleep(min(0.05 * 2 ** attempt, 2.0))  # backoff before trying the call again
+                _rebuild(slot)
+            return fn(slot.env)
+        except EnvironmentFailure as exc:
+            ep.env_errors.append(f"{type(exc).__name__}: {exc}")
+            try:
+                slot.env.close()
+            except Exception:  # a crashed instance may not close cleanly; it is discarded anyway
+                pass
+            slot.env = make_env()
+    raise _RetriesExhausted(f"{ep.env_errors[-1]} (after {cfg.env_retries} retries)")
+
+
+def _rebuild(slot) -> None:
+    """Bring a fresh instance to where the episode stands: reset, then replay the recorded actions."""
+    ep, env = slot.episode, slot.env
+    if not slot.conv:  # the reset itself failed: nothing to replay
+        return
+    instruction, first = env.reset(slot.item.task)
+    if (instruction, first.observation) != (ep.instruction, ep.first_observation):
+        raise EnvironmentFailure(f"replay of {ep.task_id}: the reset answered differently than recorded")
+    for st in ep.steps:
+        if st.action is None:  # an unparsed output never reached the environment
+            continue
+        res = env.step(st.action)
+        if res.observation != st.observation:
+            raise EnvironmentFailure(f"replay of {ep.task_id}: step {st.index} answered differently than recorded")
+
+
+def _env_failed(slot, exc, on_episode) -> bool:
+    """Record the episode as an environment failure (never a negative in training)."""
+    slot.episode.finish("environment_failure", error=str(exc))
+    on_episode(slot.episode)
     return False
 
 
@@ -249,9 +288,9 @@ def _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_en
         valid = False
     else:
         try:
-            res = slot.env.step(action)
-        except EnvironmentFailure as exc:
-            return _env_failed(slot, ep, exc, ep.policy, prompt, cfg, make_env, on_episode)
+            res = _call(slot, cfg, make_env, lambda env: env.step(action))
+        except _RetriesExhausted as exc:
+            return _env_failed(slot, exc, on_episode)
         # games that do not list valid actions (ScienceWorld's fast path) say whether they parsed it
         valid = action in slot.valid_actions if slot.valid_actions is not None else bool(res.info.get("recognized", True))
     _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped)

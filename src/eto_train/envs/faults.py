@@ -16,12 +16,14 @@ check at the wrapper covers every adapter alike, and catches real garbage as wel
 injected garbage. The rollout engine then sees only the typed error it already handles
 (retry with backoff on a fresh instance, then status ``environment_failure``).
 
-Determinism. Whether a fault fires is a pure function of (kind's seed, task id, attempt,
-call index), with call 0 = ``reset`` and call i = the i-th ``step`` of that episode. So the
-order in which parallel episodes run does not change which faults fire. ``attempt`` is the
-number of faults already injected into episodes of that task (kept by a shared
-:class:`FaultLedger`), so a retry of a faulted episode draws afresh and can succeed. Episodes
-of one task (several samples, step-level continuations) draw their attempt numbers in play
+Determinism. Whether a fault fires is a pure function of (kind's seed, task id, call index,
+attempt), with call 0 = ``reset`` and call i = the i-th ``step`` of that episode, and
+``attempt`` = the number of faults already injected at that call of that task (kept by a shared
+:class:`FaultLedger`). So the order in which parallel episodes run does not change which faults
+fire; a retried call draws afresh and can succeed; and when the rollout rebuilds an episode on
+a fresh instance by replaying its actions, the replayed calls (which went through before) go
+through again: every call the agent makes faults at the configured rate, once per attempt.
+Episodes of one task (several samples, step-level continuations) share the counts in play
 order; the work order is deterministic, so two runs of one config inject the same faults.
 (A resumed run may draw other faults for a task whose earlier episodes faulted before the
 kill; the accounting and the pair filter hold regardless.)
@@ -97,7 +99,7 @@ class FaultEvent:
     kind: str  # timeout | crash | malformed
     where: str  # reset | step
     task_id: str
-    attempt: int  # faults already injected into this task's episodes before this one
+    attempt: int  # faults already injected at this call of this task before this one
     call: int  # 0 = reset, i = the i-th step of the episode
     message: str
 
@@ -108,13 +110,15 @@ class FaultLedger:
 
     events: list[FaultEvent] = field(default_factory=list)
     _per_task: Counter = field(default_factory=Counter)
+    _per_call: Counter = field(default_factory=Counter)
 
-    def attempt(self, task_id: str) -> int:
-        return self._per_task[task_id]
+    def attempt(self, task_id: str, call: int) -> int:
+        return self._per_call[task_id, call]
 
     def record(self, event: FaultEvent) -> None:
         self.events.append(event)
         self._per_task[event.task_id] += 1
+        self._per_call[event.task_id, event.call] += 1
         INJECTED.append(event)
 
     def by_task(self) -> dict[str, int]:
@@ -203,7 +207,6 @@ class FaultyEnv:
         self.faults = faults if isinstance(faults, FaultConfig) else FaultConfig.from_dict(faults)
         self.ledger = ledger if ledger is not None else ledger_for(self.faults)
         self._task: Task | None = None
-        self._attempt = 0
         self._call = 0
         self._exempt = False  # this episode replays a gold path: no faults
         self._gold_task: str | None = None
@@ -239,6 +242,10 @@ class FaultyEnv:
         return getattr(self.inner, attr)
 
     # -- episode -----------------------------------------------------------------------------
+    @property
+    def _attempt(self) -> int:
+        return self.ledger.attempt(self._task.task_id, self._call) if self._task else 0
+
     def _pick(self) -> str | None:
         if self._exempt or self._task is None:
             return None
@@ -282,7 +289,6 @@ class FaultyEnv:
     def reset(self, task: Task, *args: Any, **kwargs: Any) -> tuple[str, StepResult]:
         self._task, self._call = task, 0
         self._exempt, self._gold_task = self._gold_task == task.task_id, None
-        self._attempt = self.ledger.attempt(task.task_id)
         kind = self._before("reset")
         instruction, res = self.inner.reset(task, *args, **kwargs)
         if not isinstance(instruction, str):

@@ -25,6 +25,27 @@ def env_failures(path: Path) -> int:
     return sum(e.status == "environment_failure" for e in read_episodes(path))
 
 
+def fault_accounts(run: Path) -> list[dict[str, Any]]:
+    """Per rollout stage of the run: environment errors met, episodes recovered, environment
+    failures, and (when faults were injected) the injected count from the stage's manifest.
+    ``cache/`` holds copies of stage outputs and is left out so nothing is counted twice."""
+    rows = []
+    for file in sorted(run.rglob("episodes.jsonl")):
+        rel = file.parent.relative_to(run)
+        if rel.parts[0] == "cache":
+            continue
+        eps = read_episodes(file)
+        manifest = file.parent / "manifest.json"
+        injected = None
+        if manifest.exists():
+            injected = (json.loads(manifest.read_text()).get("metrics") or {}).get("faults", {}).get("injected_faults")
+        rows.append({"stage": str(rel), "episodes": len(eps), "injected": injected,
+                     "errors": sum(len(e.env_errors) for e in eps),
+                     "recovered": sum(bool(e.env_errors) and e.status != "environment_failure" for e in eps),
+                     "environment_failures": sum(e.status == "environment_failure" for e in eps)})
+    return rows
+
+
 def pct(x: float, ci=None, signed: bool = False) -> str:
     """A rate in percent, or (signed) a difference of rates in percentage points."""
     f, unit = ("+.1f", " pts") if signed else (".1f", "%")
@@ -91,7 +112,8 @@ def build(cfg) -> dict[str, Any]:
         beats_bc = r["vs_bc"]["diff_ci95"][0] > 0
         beats_control = "vs_control" in r and r["vs_control"]["diff_ci95"][0] > 0
         verdict = {"split": headline, "beats_bc": beats_bc, "beats_control": beats_control}
-    return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "splits": rows, "verdict": verdict}
+    return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "splits": rows, "verdict": verdict,
+            "faults": fault_accounts(run)}
 
 
 def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
@@ -125,6 +147,16 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
         out.append(f"**Verdict ({v['split']}):** the best ETO iteration "
                    f"{'beats' if v['beats_bc'] else 'does not beat'} BC and "
                    f"{'beats' if v['beats_control'] else 'does not beat'} the SFT control with a paired 95% interval above zero.")
+    out += ["", "## Environment faults", "",
+            "Every failed environment call an episode met: recovered (the episode was rebuilt on a fresh instance "
+            "by replaying its actions, and went on) or, after `eval.env_retries` retries of one call, ended as "
+            "`environment_failure`, which is never scored and never paired. `injected` is the fault injector's "
+            "count from the stage's manifest (`env.faults`; `-` when off or the stage was reused).", "",
+            "| stage | episodes | injected | env errors met | episodes recovered | environment failures |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for f in rep.get("faults", []):
+        out.append(f"| {f['stage']} | {f['episodes']} | {'-' if f['injected'] is None else f['injected']} | "
+                   f"{f['errors']} | {f['recovered']} | {f['environment_failures']} |")
     out += ["", "## Configuration", "", "```yaml", OmegaConf.to_yaml(cfg, resolve=True).strip(), "```", "",
             "## Versions", "", "```json", json.dumps(versions(), indent=1, sort_keys=True), "```", ""]
     return "\n".join(out)
