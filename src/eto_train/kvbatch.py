@@ -16,6 +16,40 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers.cache_utils import DynamicLayer
+
+
+class SpareLayer(DynamicLayer):
+    """A cache layer whose keys and values are views into buffers with spare room on the
+    sequence axis: a decode step writes its column in place instead of concatenating (copying)
+    the whole cache, which took about a fifth of a batched CPU rollout (profiled: 1.9 of 9.0 s).
+
+    Anything else that replaces ``keys``/``values`` (rows added, dropped or compacted by
+    :class:`KVBatch`) is noticed on the next update, which moves the cache into a new buffer.
+    Written by hand: transformers' ``DynamicLayer`` concatenates on every update, and its
+    ``StaticCache`` has a fixed batch that rows cannot join or leave.
+    """
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        old = self.keys.shape[-2] if self.keys is not None and self.keys.numel() else 0
+        need = old + key_states.shape[-2]
+        kb, vb = getattr(self, "_kbuf", None), getattr(self, "_vbuf", None)
+        ours = kb is not None and self.keys is self._kview and self.values is self._vview
+        if not ours or kb.shape[-2] < need or kb.shape[0] != key_states.shape[0]:
+            shape = list(key_states.shape)
+            shape[-2] = need + max(128, need // 2)  # room for the next turn's tokens
+            kb, vb = key_states.new_empty(shape), value_states.new_empty(shape)
+            if old:
+                kb[..., :old, :] = self.keys
+                vb[..., :old, :] = self.values
+            self._kbuf, self._vbuf = kb, vb
+        kb[..., old:need, :] = key_states
+        vb[..., old:need, :] = value_states
+        self.keys, self.values = kb[..., :need, :], vb[..., :need, :]
+        self._kview, self._vview = self.keys, self.values
+        return self.keys, self.values
 
 
 class KVBatch:
@@ -44,6 +78,8 @@ class KVBatch:
             layer.values = torch.cat([layer.values, torch.zeros_like(layer.values[:1])])
 
     def keep(self, rows: list[int]) -> None:
+        if rows == list(range(len(self.length))):
+            return  # every row stays, in order: nothing to select
         idx = torch.tensor(rows, dtype=torch.long)
         self.mask = self.mask[idx]
         self.length = [self.length[i] for i in rows]
@@ -138,6 +174,7 @@ class KVBatch:
         if self.cache is None:
             from transformers import DynamicCache
             self.cache = DynamicCache(config=self.model.config)
+            self.cache.layers = [SpareLayer() if type(l) is DynamicLayer else l for l in self.cache.layers]
         out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
                          position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1,
                          **{self._cache_kw: self.cache})
