@@ -17,6 +17,7 @@ from eto_train.envs.faults import (
     check_step_result,
     fault_mark,
     fault_summary,
+    new_play,
     wrap_faults,
 )
 from eto_train.experts import expert_episode
@@ -155,6 +156,24 @@ def test_a_recovered_episode_is_the_episode_a_fault_free_run_records(sleeps):
         d = _same([e])[0]
         assert d.pop("env_errors") and not by_id[e.episode_id].pop("env_errors")
         assert d == by_id[e.episode_id], e.episode_id
+
+
+def test_each_play_meets_the_same_faults_whatever_ran_before_it_in_the_process(sleeps):
+    """Rollout stages call new_play(): a second policy on the same seeds is faulted as often."""
+    work = [(t, 0) for t in GoalEnv().tasks("train")]
+
+    def stage(policy):
+        new_play()
+        mark, eps = fault_mark(), []
+        run_rollouts(work, lambda: wrap_faults(GoalEnv(), FAULTS), policy, REF, PromptConfig(),
+                     RolloutConfig(batch_size=4, env_retries=3), on_episode=eps.append)
+        return fault_summary(mark), sum(len(e.env_errors) for e in eps)
+
+    first, met_first = stage(HashPolicy())
+    again, met_again = stage(HashPolicy())
+    assert first["injected_faults"] > 10 and first == again and met_first == met_again == first["injected_faults"]
+    other, _ = stage(RandomPolicy(3))  # another policy: the same reset faults, its own step faults
+    assert other["on_reset"] == first["on_reset"] and other["injected_faults"] > 10
 
 
 class ForgetfulEnv(GoalEnv):

@@ -25,8 +25,10 @@ a fresh instance by replaying its actions, the replayed calls (which went throug
 through again: every call the agent makes faults at the configured rate, once per attempt.
 Episodes of one task (several samples, step-level continuations) share the counts in play
 order; the work order is deterministic, so two runs of one config inject the same faults.
-(A resumed run may draw other faults for a task whose earlier episodes faulted before the
-kill; the accounting and the pair filter hold regardless.)
+The counts belong to one play (one rollout stage, :func:`new_play`): every stage, whatever ran
+before it in the process, meets the same faults on the same seeds. (A resumed play may draw
+other faults for a task of which some episodes were recorded before the kill; the accounting
+and the pair filter hold regardless.)
 
 Gold-path replays are never faulted: after ``expert_actions(task)`` the next episode of that
 task passes through untouched. The experts stage has no retry, and expert data is the chosen
@@ -159,6 +161,16 @@ def ledger_for(cfg: FaultConfig) -> FaultLedger:
 def reset_ledgers() -> None:
     _LEDGERS.clear()
     INJECTED.clear()
+
+
+def new_play() -> None:
+    """Start every configuration's ledger afresh (the process-wide log is kept).
+
+    Called at the start of each rollout stage: the attempt counts then belong to one play, so
+    every stage (each policy, each split) meets faults at the configured rate, the same
+    calls on the same seeds. A ledger kept across stages would have a later stage replay the
+    counts of an earlier one and draw almost no faults on seeds already played."""
+    _LEDGERS.clear()
 
 
 def _draw(seed: int, kind: str, task_id: str, attempt: int, call: int) -> float:

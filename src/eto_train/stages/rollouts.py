@@ -10,7 +10,7 @@ from rich.console import Console
 from .. import faultpoints
 from ..distributed import free_accelerator_memory, is_main, wait_for_manifest
 from ..envs import Task, make_env
-from ..envs.faults import fault_mark, fault_summary
+from ..envs.faults import fault_mark, fault_summary, new_play
 from ..evaluation import evaluate
 from ..model.load import is_local, load_model, load_tokenizer
 from ..prompting import PromptConfig
@@ -115,6 +115,7 @@ class Rollouts:
             console.print(f"[{name}] resuming: {len(seen)} episodes already recorded, {len(todo)} to go")
         rcfg = RolloutConfig(batch_size=self.batch_size, env_retries=self.cfg.eval.env_retries, seed=self.cfg.seed)
         mark = fault_mark()
+        new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
         with console.status(f"[{name}] {len(todo)} episodes, {self.batch_size} in parallel"):
             run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
                          on_episode=lambda ep: (append_episodes(file, [ep]), faultpoints.hit(name)))
