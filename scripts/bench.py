@@ -144,21 +144,24 @@ def main(cfg) -> None:
     # -- 1. batched vs sequential rollouts, alternated so drift hits both ----------------------
     import torch
 
-    batched, batched2, sequential = [], [], []
+    threads = list(b.threads)
+    secs = {(n, mode): [] for n in threads for mode in ("batched", "sequential")}
+    outputs = {}
     for _ in range(b.repeats):
-        torch.set_num_threads(cfg.runtime.rollout_threads)
-        tb, eps_b = _rollouts(work, env_cfg, policy, ref, prompt, b.episodes)
-        ts, eps_s = _rollouts(work, env_cfg, policy, ref, prompt, 1)
-        torch.set_num_threads(2)  # the alternative thread count, same batch
-        tb2, _ = _rollouts(work, env_cfg, policy, ref, prompt, b.episodes)
-        batched.append(tb)
-        sequential.append(ts)
-        batched2.append(tb2)
+        for n in threads:  # each thread count: batched then one at a time, back to back
+            torch.set_num_threads(n)
+            for mode, batch in (("batched", b.episodes), ("sequential", 1)):
+                s, eps = _rollouts(work, env_cfg, policy, ref, prompt, batch)
+                secs[n, mode].append(s)
+                outputs[n, mode] = {e.task_id: [st.raw_output for st in e.steps] for e in eps}
+                eps_b = eps if mode == "batched" else eps_b
     torch.set_num_threads(cfg.runtime.rollout_threads)
     steps = sum(e.num_steps for e in eps_b)
-    same = {e.task_id: [s.raw_output for s in e.steps] for e in eps_b} == \
-           {e.task_id: [s.raw_output for s in e.steps] for e in eps_s}
-    mb, ms, mb2 = statistics.median(batched), statistics.median(sequential), statistics.median(batched2)
+    same = all(o == outputs[threads[0], "batched"] for o in outputs.values())
+    med = {k: statistics.median(v) for k, v in secs.items()}
+    per_threads = {n: {"batched_seconds": secs[n, "batched"], "sequential_seconds": secs[n, "sequential"],
+                       "batched_median_s": med[n, "batched"], "sequential_median_s": med[n, "sequential"],
+                       "speedup": med[n, "sequential"] / med[n, "batched"]} for n in threads}
 
     # -- 2. BC training tokens/s ------------------------------------------------------------
     setup_runtime(cfg.runtime.train_threads)
@@ -208,11 +211,8 @@ def main(cfg) -> None:
     results = {
         "sciworld": sw,
         "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
-                    "batched_seconds": batched, "sequential_seconds": sequential,
-                    "batched_median_s": mb, "sequential_median_s": ms, "speedup": ms / mb,
-                    "batched_steps_per_s": steps / mb, "sequential_steps_per_s": steps / ms,
-                    "identical_outputs": same, "threads": cfg.runtime.rollout_threads,
-                    "batched_2_threads_seconds": batched2, "batched_2_threads_median_s": mb2},
+                    "identical_outputs": same, "default_threads": cfg.runtime.rollout_threads,
+                    "by_threads": per_threads},
         "bc": {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
                "tokens_per_second": bc_tps, "batch_size": cfg.bc.batch_size,
                "threads": cfg.runtime.train_threads},
@@ -223,12 +223,13 @@ def main(cfg) -> None:
     t = Table(title=f"make bench ({ref.id})")
     t.add_column("measure")
     t.add_column("value", justify="right")
-    t.add_row(f"rollouts, batched x{b.episodes}, {cfg.runtime.rollout_threads} thread(s) (median of {b.repeats})", f"{mb:.2f} s  ({steps / mb:.1f} steps/s)")
-    t.add_row("rollouts, one episode at a time (median)", f"{ms:.2f} s  ({steps / ms:.1f} steps/s)")
-    t.add_row("speedup batched / sequential", f"{ms / mb:.1f}x")
-    t.add_row(f"rollouts, batched x{b.episodes} with 2 torch threads (median)",
-              f"{mb2:.2f} s  ({mb / mb2:.2f}x the {cfg.runtime.rollout_threads}-thread speed)")
-    t.add_row("same greedy outputs both ways", str(same))
+    for n, r in per_threads.items():
+        mb, ms = r["batched_median_s"], r["sequential_median_s"]
+        t.add_row(f"rollouts, {n} torch thread(s): batched x{b.episodes} (median of {b.repeats})",
+                  f"{mb:.2f} s  ({steps / mb:.1f} steps/s)")
+        t.add_row(f"rollouts, {n} torch thread(s): one episode at a time (median)", f"{ms:.2f} s  ({steps / ms:.1f} steps/s)")
+        t.add_row(f"speedup batched / one at a time, {n} thread(s)", f"{r['speedup']:.1f}x")
+    t.add_row("same greedy outputs in every run", str(same))
     t.add_row(f"BC training ({res.global_step} steps, batch {cfg.bc.batch_size})", f"{bc_tps:.0f} tokens/s")
     if dpo_res:
         pre, fly = dpo_res["precomputed"], dpo_res["on_the_fly"]
