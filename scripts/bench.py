@@ -30,11 +30,11 @@ from eto_train.stage import setup_runtime, to_plain, versions
 from eto_train.store import write_json
 
 
-def _rollouts(work, env_cfg, policy, ref, prompt, batch):
+def _rollouts(work, env_cfg, policy, ref, prompt, batch, overlap):
     eps = []
     t0 = time.perf_counter()
-    run_rollouts(work, lambda: make_env(env_cfg), policy, ref, prompt, RolloutConfig(batch_size=batch),
-                 on_episode=eps.append)
+    run_rollouts(work, lambda: make_env(env_cfg), policy, ref, prompt,
+                 RolloutConfig(batch_size=batch, overlap_env=overlap), on_episode=eps.append)
     return time.perf_counter() - t0, eps
 
 
@@ -151,7 +151,7 @@ def main(cfg) -> None:
         for n in threads:  # each thread count: batched then one at a time, back to back
             torch.set_num_threads(n)
             for mode, batch in (("batched", b.episodes), ("sequential", 1)):
-                s, eps = _rollouts(work, env_cfg, policy, ref, prompt, batch)
+                s, eps = _rollouts(work, env_cfg, policy, ref, prompt, batch, cfg.eval.overlap_env)
                 secs[n, mode].append(s)
                 outputs[n, mode] = {e.task_id: [st.raw_output for st in e.steps] for e in eps}
                 eps_b = eps if mode == "batched" else eps_b
@@ -212,6 +212,7 @@ def main(cfg) -> None:
         "sciworld": sw,
         "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
                     "identical_outputs": same, "default_threads": cfg.runtime.rollout_threads,
+                    "overlap_env": cfg.eval.overlap_env,
                     "by_threads": per_threads},
         "bc": {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
                "tokens_per_second": bc_tps, "batch_size": cfg.bc.batch_size,

@@ -107,12 +107,12 @@ def test_batched_generation_equals_one_at_a_time(tiny_model_dir, twx_cfg, prompt
     work = [(t, 0) for t in lister.tasks("seen")]
     lister.close()
 
-    def play(batch):
+    def play(batch, overlap=True):
         eps = []
         run_rollouts(work, lambda: make_env(twx_cfg), Policy(model, tok, gen), ref, prompt,
-                     RolloutConfig(batch_size=batch), on_episode=eps.append)
-        return {e.task_id: [s.raw_output for s in e.steps] for e in eps}
+                     RolloutConfig(batch_size=batch, overlap_env=overlap), on_episode=eps.append)
+        return {e.task_id: [(s.raw_output, s.observation) for s in e.steps] for e in eps}
 
-    batched, single = play(6), play(1)
+    batched, single, in_line = play(6), play(1), play(6, overlap=False)
     assert set(batched) == {t.task_id for t, _ in work}
-    assert batched == single
+    assert batched == single == in_line  # environments stepped in the worker thread or in line

@@ -213,8 +213,11 @@ class KVBatch:
 
     # -- one turn for every row -----------------------------------------------------------------
     @torch.inference_mode()
-    def step(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int, int, int]]:
-        """Generate each row's next assistant turn: (text, prompt tokens, new tokens, turns dropped)."""
+    def step(self, convs: list[list[dict[str, str]]], on_row=None) -> list[tuple[str, int, int, int]]:
+        """Generate each row's next assistant turn: (text, prompt tokens, new tokens, turns dropped).
+
+        ``on_row(i, text)``, when given, is called as soon as row ``i`` has its answer, while the
+        other rows may still decode (the rollout steps that row's environment meanwhile)."""
         assert len(convs) == len(self.length), "one conversation per row"
         chunks, dropped = [], []
         for i, conv in enumerate(convs):
@@ -248,6 +251,8 @@ class KVBatch:
                 feed.append([nxt[i]])
                 if nxt[i] == self.eos or len(out[i]) >= self.max_new:
                     done[i] = True
+                    if on_row is not None:
+                        on_row(i, self.tok.decode(out[i], skip_special_tokens=True).strip())
             logits = self._forward(feed)  # every produced token enters the cache
             if all(done):
                 break

@@ -11,9 +11,11 @@ maintained library drives multi-turn text environments in lockstep on a CPU.
 
 from __future__ import annotations
 
+import inspect
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from .envs.base import Environment, EnvironmentFailure, StepResult, Task
 from .prompting import PromptConfig, first_user_message, format_action, parse_action, system_message
@@ -131,6 +133,7 @@ class RolloutConfig:
     batch_size: int = 32
     env_retries: int = 3  # a failed environment call is retried this many times (episode rebuilt by replay)
     seed: int = 0
+    overlap_env: bool = True  # step an episode's environment while the other rows still decode
 
 
 class _RetriesExhausted(Exception):
@@ -155,17 +158,37 @@ def run_rollouts(
     queue.reverse()  # pop() from the end keeps the given order
     slots = [_Slot(env=make_env()) for _ in range(min(cfg.batch_size, len(queue)))]
     session = policy.session() if hasattr(policy, "session") else _Stateless(policy)
+    # One worker thread steps the environments: a row's action goes to its simulator as soon as
+    # the row has finished decoding, while the other rows still decode (torch and the JVM then
+    # use both cores). One worker keeps the environment calls in a fixed order (the order in
+    # which rows finish, itself deterministic), so fault draws and episodes stay reproducible;
+    # only this worker touches an environment while the model runs.
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env") if cfg.overlap_env else None
+    early = worker is not None and "on_row" in inspect.signature(session.step).parameters
     try:
         active = [s for s in slots if _start_next(s, queue, policy_ref, prompt, cfg, make_env, on_episode)]
         for _ in active:
             session.add_row()
         while active:
+            pending: dict[int, Any] = {}
+
+            def submit(row: int, text: str, rows=active, pending=pending) -> None:
+                action = parse_action(text)
+                if action is not None:
+                    call = (_env_step, rows[row], cfg, make_env, action)
+                    pending[row] = worker.submit(*call) if worker is not None else _Done(_env_step(*call[1:]))
+
             t0 = time.perf_counter()
-            outs = session.step([s.conv for s in active])
+            outs = session.step([s.conv for s in active], on_row=submit) if early else \
+                session.step([s.conv for s in active])
             latency = time.perf_counter() - t0
+            for row, (text, *_) in enumerate(outs):
+                if row not in pending:
+                    submit(row, text)
             kept, restarted = [], []
             for row, (slot, (text, n_prompt, n_new, dropped)) in enumerate(zip(active, outs)):
-                if _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_env, on_episode):
+                result = pending[row].result() if row in pending else None
+                if _advance(slot, text, result, n_prompt, n_new, dropped, latency, prompt, on_episode):
                     kept.append((row, slot))  # same episode: its cache row continues
                 elif _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode):
                     restarted.append((row, slot))
@@ -176,8 +199,28 @@ def run_rollouts(
             if on_step:
                 on_step(len(outs))
     finally:
+        if worker is not None:
+            worker.shutdown(wait=True)
         for s in slots:
             s.env.close()
+
+
+class _Done:
+    """A finished call in the shape of a future (no worker thread)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _env_step(slot, cfg, make_env, action: str):
+    """The environment's answer to ``action`` (with recovery), or the exhausted-retries error."""
+    try:
+        return _call(slot, cfg, make_env, lambda env: env.step(action))
+    except _RetriesExhausted as exc:
+        return exc
 
 
 def _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
@@ -279,18 +322,18 @@ def _env_failed(slot, exc, on_episode) -> bool:
     return False
 
 
-def _advance(slot, text, n_prompt, n_new, dropped, latency, prompt, cfg, make_env, on_episode) -> bool:
-    """Apply one model output to the slot's episode; False when the episode has ended."""
+def _advance(slot, text, result, n_prompt, n_new, dropped, latency, prompt, on_episode) -> bool:
+    """Apply one model output and the environment's ``result`` (None when the output did not
+    parse) to the slot's episode; False when the episode has ended."""
     ep, task = slot.episode, slot.item.task
     action = parse_action(text)
     if action is None:
         res = StepResult(observation=prompt.invalid_format, reward=slot.reward, done=False, success=False)
         valid = False
     else:
-        try:
-            res = _call(slot, cfg, make_env, lambda env: env.step(action))
-        except _RetriesExhausted as exc:
-            return _env_failed(slot, exc, on_episode)
+        if isinstance(result, _RetriesExhausted):
+            return _env_failed(slot, result, on_episode)
+        res = result
         # games that do not list valid actions (ScienceWorld's fast path) say whether they parsed it
         valid = action in slot.valid_actions if slot.valid_actions is not None else bool(res.info.get("recognized", True))
     _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped)

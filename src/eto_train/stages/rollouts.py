@@ -113,7 +113,8 @@ class Rollouts:
         todo = [w for w in work if w.key(self.ref.id, self.cfg.seed) not in seen]
         if seen:
             console.print(f"[{name}] resuming: {len(seen)} episodes already recorded, {len(todo)} to go")
-        rcfg = RolloutConfig(batch_size=self.batch_size, env_retries=self.cfg.eval.env_retries, seed=self.cfg.seed)
+        rcfg = RolloutConfig(batch_size=self.batch_size, env_retries=self.cfg.eval.env_retries, seed=self.cfg.seed,
+                             overlap_env=self.cfg.eval.overlap_env)
         mark = fault_mark()
         new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
         with console.status(f"[{name}] {len(todo)} episodes, {self.batch_size} in parallel"):
