@@ -59,7 +59,7 @@ report: setup ## rebuild a finished demo's report.md (ARGS="run_name=...")
 	$(PY) scripts/report.py $(ARGS)
 
 test: setup ## the test suite (tiny models, seconds each)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=5 tests
 
 bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
 	$(PY) scripts/bench.py $(ARGS)
