@@ -133,7 +133,7 @@ class RolloutConfig:
     batch_size: int = 32
     env_retries: int = 3  # a failed environment call is retried this many times (episode rebuilt by replay)
     seed: int = 0
-    overlap_env: bool = True  # step an episode's environment while the other rows still decode
+    overlap_env: bool = False  # step an episode's environment while the other rows still decode
 
 
 class _RetriesExhausted(Exception):
