@@ -163,8 +163,8 @@ def run_rollouts(
     # use both cores). One worker keeps the environment calls in a fixed order (the order in
     # which rows finish, itself deterministic), so fault draws and episodes stay reproducible;
     # only this worker touches an environment while the model runs.
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env") if cfg.overlap_env else None
-    early = worker is not None and "on_row" in inspect.signature(session.step).parameters
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env") if cfg.overlap_env else _InLine()
+    early = cfg.overlap_env and "on_row" in inspect.signature(session.step).parameters
     try:
         active = [s for s in slots if _start_next(s, queue, policy_ref, prompt, cfg, make_env, on_episode)]
         for _ in active:
@@ -175,8 +175,7 @@ def run_rollouts(
             def submit(row: int, text: str, rows=active, pending=pending) -> None:
                 action = parse_action(text)
                 if action is not None:
-                    call = (_env_step, rows[row], cfg, make_env, action)
-                    pending[row] = worker.submit(*call) if worker is not None else _Done(_env_step(*call[1:]))
+                    pending[row] = worker.submit(_env_step, rows[row], cfg, make_env, action)
 
             t0 = time.perf_counter()
             outs = session.step([s.conv for s in active], on_row=submit) if early else \
@@ -199,20 +198,26 @@ def run_rollouts(
             if on_step:
                 on_step(len(outs))
     finally:
-        if worker is not None:
-            worker.shutdown(wait=True)
+        worker.shutdown(wait=True)
         for s in slots:
             s.env.close()
 
 
-class _Done:
-    """A finished call in the shape of a future (no worker thread)."""
+class _InLine:
+    """The executor interface, calling in line (``eval.overlap_env: false``)."""
 
-    def __init__(self, value):
-        self.value = value
+    class _Done:
+        def __init__(self, value):
+            self.value = value
 
-    def result(self):
-        return self.value
+        def result(self):
+            return self.value
+
+    def submit(self, fn, *args):
+        return self._Done(fn(*args))
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
 
 
 def _env_step(slot, cfg, make_env, action: str):
