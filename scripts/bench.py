@@ -1,7 +1,9 @@
 """Benchmarks (`make bench`): medians and ratios measured side by side in one run.
 
-1. Rollout throughput: the batched lockstep engine (N parallel episodes) against one episode
-   at a time, same model, same tasks, same greedy decoding; episodes/s and steps/s.
+1. Rollout throughput: the batched engine (N parallel episodes, KV cache kept across turns)
+   against one episode at a time, same model, same tasks, same greedy decoding, two ways: the
+   same engine with one row, and plain HF ``generate`` on the whole conversation each turn
+   (what one-at-a-time generation is without a cross-turn cache).
 2. Behavior-cloning training throughput: tokens per second of SFT steps on the tiny model.
 3. DPO: precomputed reference log-probs against TRL's on-the-fly reference.
 4. ScienceWorld steps/s: the adapter's fast path against the package's plain ``step()``, same
@@ -28,6 +30,14 @@ from eto_train.prompting import PromptConfig
 from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts
 from eto_train.stage import setup_runtime, to_plain, versions
 from eto_train.store import write_json
+
+
+class _PlainGenerate:
+    """The policy without its cross-turn KV session: the rollout engine then calls HF
+    ``generate`` on the whole conversation every turn (see ``rollout._Stateless``)."""
+
+    def __init__(self, policy):
+        self.generate = policy.generate
 
 
 def _rollouts(work, env_cfg, policy, ref, prompt, batch, overlap):
@@ -145,23 +155,30 @@ def main(cfg) -> None:
     import torch
 
     threads = list(b.threads)
-    secs = {(n, mode): [] for n in threads for mode in ("batched", "sequential")}
+    modes = (("batched", b.episodes, policy), ("sequential", 1, policy), ("generate", 1, _PlainGenerate(policy)))
+    secs = {(n, mode): [] for n in threads for mode, _, _ in modes}
     outputs = {}
     for _ in range(b.repeats):
-        for n in threads:  # each thread count: batched then one at a time, back to back
+        for n in threads:  # each thread count: batched then one at a time (both ways), back to back
             torch.set_num_threads(n)
-            for mode, batch in (("batched", b.episodes), ("sequential", 1)):
-                s, eps = _rollouts(work, env_cfg, policy, ref, prompt, batch, cfg.eval.overlap_env)
+            for mode, batch, pol in modes:
+                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, batch, cfg.eval.overlap_env)
                 secs[n, mode].append(s)
                 outputs[n, mode] = {e.task_id: [st.raw_output for st in e.steps] for e in eps}
-                eps_b = eps if mode == "batched" else eps_b
+                if mode == "batched":
+                    eps_b = eps
     torch.set_num_threads(cfg.runtime.rollout_threads)
     steps = sum(e.num_steps for e in eps_b)
-    same = all(o == outputs[threads[0], "batched"] for o in outputs.values())
+    # every run of the KV engine answers the same; plain generate may differ in a float rounding
+    same = all(o == outputs[threads[0], "batched"] for (n, m), o in outputs.items() if m != "generate")
+    same_generate = sum(o == outputs[threads[0], "batched"] for (n, m), o in outputs.items() if m == "generate")
     med = {k: statistics.median(v) for k, v in secs.items()}
     per_threads = {n: {"batched_seconds": secs[n, "batched"], "sequential_seconds": secs[n, "sequential"],
+                       "generate_seconds": secs[n, "generate"],
                        "batched_median_s": med[n, "batched"], "sequential_median_s": med[n, "sequential"],
-                       "speedup": med[n, "sequential"] / med[n, "batched"]} for n in threads}
+                       "generate_median_s": med[n, "generate"],
+                       "speedup": med[n, "sequential"] / med[n, "batched"],
+                       "speedup_vs_generate": med[n, "generate"] / med[n, "batched"]} for n in threads}
 
     # -- 2. BC training tokens/s ------------------------------------------------------------
     setup_runtime(cfg.runtime.train_threads)
@@ -211,7 +228,8 @@ def main(cfg) -> None:
     results = {
         "sciworld": sw,
         "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
-                    "identical_outputs": same, "default_threads": cfg.runtime.rollout_threads,
+                    "identical_outputs": same, "generate_runs_with_identical_outputs": same_generate,
+                    "default_threads": cfg.runtime.rollout_threads,
                     "overlap_env": cfg.eval.overlap_env,
                     "by_threads": per_threads},
         "bc": {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
@@ -225,12 +243,15 @@ def main(cfg) -> None:
     t.add_column("measure")
     t.add_column("value", justify="right")
     for n, r in per_threads.items():
-        mb, ms = r["batched_median_s"], r["sequential_median_s"]
+        mb, ms, mg = r["batched_median_s"], r["sequential_median_s"], r["generate_median_s"]
         t.add_row(f"rollouts, {n} torch thread(s): batched x{b.episodes} (median of {b.repeats})",
                   f"{mb:.2f} s  ({steps / mb:.1f} steps/s)")
-        t.add_row(f"rollouts, {n} torch thread(s): one episode at a time (median)", f"{ms:.2f} s  ({steps / ms:.1f} steps/s)")
-        t.add_row(f"speedup batched / one at a time, {n} thread(s)", f"{r['speedup']:.1f}x")
-    t.add_row("same greedy outputs in every run", str(same))
+        t.add_row("  one episode at a time, HF generate per turn (median)", f"{mg:.2f} s  ({steps / mg:.1f} steps/s)")
+        t.add_row("  one episode at a time, same KV engine, 1 row (median)", f"{ms:.2f} s  ({steps / ms:.1f} steps/s)")
+        t.add_row("  speedup batched / HF generate one at a time", f"{r['speedup_vs_generate']:.1f}x")
+        t.add_row("  speedup batched / KV engine one at a time", f"{r['speedup']:.1f}x")
+    t.add_row("same greedy outputs in every KV-engine run", str(same))
+    t.add_row("HF generate runs with the same outputs", f"{same_generate} of {b.repeats * len(threads)}")
     t.add_row(f"BC training ({res.global_step} steps, batch {cfg.bc.batch_size})", f"{bc_tps:.0f} tokens/s")
     if dpo_res:
         pre, fly = dpo_res["precomputed"], dpo_res["on_the_fly"]

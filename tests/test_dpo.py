@@ -54,6 +54,35 @@ def test_action_mask_marks_assistant_turns_only(tiny_model_dir, expert_episodes)
     assert out["input_ids"] == ids and list(out["assistant_masks"]) == mask
 
 
+class _SlowTokenizer:
+    """The same tokenizer, seen as a slow one: the mask then tokenizes every prefix."""
+
+    is_fast = False
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._tok(*args, **kwargs)
+
+
+def test_offset_mask_equals_the_mask_from_tokenizing_every_prefix(tiny_model_dir, expert_episodes):
+    tok = load_tokenizer(str(tiny_model_dir))
+    assert tok.is_fast
+    checked = 0
+    for ep in expert_episodes[:6]:
+        pair = _two_turn_pair(ep)
+        for msgs in (pair.prompt + pair.chosen, pair.prompt + pair.rejected):
+            ids, mask = assistant_token_mask(tok, msgs)
+            assert (ids, mask) == assistant_token_mask(_SlowTokenizer(tok), msgs)
+            assert sum(mask) > 0
+            checked += 1
+    assert checked == 12
+
+
 def test_masked_logps_match_hand_computation_and_step0_loss_is_log2(tmp_path, tiny_model_dir, expert_episodes):
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
