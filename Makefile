@@ -58,8 +58,8 @@ export: setup ## export episodes as training data, fields dropped/redacted (conf
 report: setup ## rebuild a finished demo's report.md (ARGS="run_name=...")
 	$(PY) scripts/report.py $(ARGS)
 
-test: setup ## the test suite (tiny models, seconds each)
-	$(PY) -m pytest -q --durations=5 tests
+test: setup ## the test suite (tiny models, seconds each; two workers, one per core, a module per worker)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 tests
 
 bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
 	$(PY) scripts/bench.py $(ARGS)
