@@ -156,16 +156,14 @@ def main(cfg) -> None:
 
     threads = list(b.threads)
     modes = (("batched", b.episodes, policy), ("sequential", 1, policy), ("generate", 1, _PlainGenerate(policy)))
-    secs = {(n, mode): [] for n in threads for mode, _, _ in modes}
-    rates = {(n, mode): [] for n in threads for mode, _, _ in modes}  # steps/s of each run
+    runs = {(n, mode): [] for n in threads for mode, _, _ in modes}  # (seconds, steps) of each run
     outputs = []  # (mode, each task's raw outputs) of every run
     for _ in range(b.repeats):
         for n in threads:  # each thread count: batched then one at a time (both ways), back to back
             torch.set_num_threads(n)
             for mode, batch, pol in modes:
                 s, eps = _rollouts(work, env_cfg, pol, ref, prompt, batch, cfg.eval.overlap_env)
-                secs[n, mode].append(s)
-                rates[n, mode].append(sum(e.num_steps for e in eps) / s)
+                runs[n, mode].append((s, sum(e.num_steps for e in eps)))
                 outputs.append((mode, {e.task_id: [st.raw_output for st in e.steps] for e in eps}))
                 if mode == "batched":
                     eps_b = eps
@@ -174,16 +172,14 @@ def main(cfg) -> None:
     # every run of the KV engine answers the same; plain generate may differ in a float rounding
     first = outputs[0][1]  # the first batched run
     same = all(o == first for m, o in outputs if m != "generate")
-    same_generate = sum(o == first for m, o in outputs if m == "generate")
-    med = {k: statistics.median(v) for k, v in secs.items()}
-    rate = {k: statistics.median(v) for k, v in rates.items()}
-    per_threads = {n: {"batched_seconds": secs[n, "batched"], "sequential_seconds": secs[n, "sequential"],
-                       "generate_seconds": secs[n, "generate"],
-                       "batched_median_s": med[n, "batched"], "sequential_median_s": med[n, "sequential"],
-                       "generate_median_s": med[n, "generate"],
-                       "speedup": med[n, "sequential"] / med[n, "batched"],
+    gen_same = [o == first for m, o in outputs if m == "generate"]
+    # medians of seconds and of steps/s (plain generate may play other steps: its ratio is by steps/s)
+    med = {k: statistics.median(s for s, _ in v) for k, v in runs.items()}
+    rate = {k: statistics.median(n / s for s, n in v) for k, v in runs.items()}
+    per_threads = {n: {**{f"{m}_seconds": [s for s, _ in runs[n, m]] for m, _, _ in modes},
+                       **{f"{m}_median_s": med[n, m] for m, _, _ in modes},
                        "steps_per_s": {m: rate[n, m] for m, _, _ in modes},
-                       # plain generate may play other steps (rounding flips a greedy near-tie): steps/s
+                       "speedup": rate[n, "batched"] / rate[n, "sequential"],
                        "speedup_vs_generate": rate[n, "batched"] / rate[n, "generate"]} for n in threads}
 
     # -- 2. BC training tokens/s ------------------------------------------------------------
@@ -234,7 +230,7 @@ def main(cfg) -> None:
     results = {
         "sciworld": sw,
         "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
-                    "identical_outputs": same, "generate_runs_with_identical_outputs": same_generate,
+                    "identical_outputs": same, "generate_runs_with_identical_outputs": sum(gen_same),
                     "default_threads": cfg.runtime.rollout_threads,
                     "overlap_env": cfg.eval.overlap_env,
                     "by_threads": per_threads},
@@ -249,16 +245,17 @@ def main(cfg) -> None:
     t.add_column("measure")
     t.add_column("value", justify="right")
     for n, r in per_threads.items():
-        mb, ms, mg = r["batched_median_s"], r["sequential_median_s"], r["generate_median_s"]
+        sps = r["steps_per_s"]
         t.add_row(f"rollouts, {n} torch thread(s): batched x{b.episodes} (median of {b.repeats})",
-                  f"{mb:.2f} s  ({steps / mb:.1f} steps/s)")
+                  f"{r['batched_median_s']:.2f} s  ({sps['batched']:.1f} steps/s)")
         t.add_row("  one episode at a time, HF generate per turn (median)",
-                  f"{mg:.2f} s  ({r['steps_per_s']['generate']:.1f} steps/s)")
-        t.add_row("  one episode at a time, same KV engine, 1 row (median)", f"{ms:.2f} s  ({steps / ms:.1f} steps/s)")
+                  f"{r['generate_median_s']:.2f} s  ({sps['generate']:.1f} steps/s)")
+        t.add_row("  one episode at a time, same KV engine, 1 row (median)",
+                  f"{r['sequential_median_s']:.2f} s  ({sps['sequential']:.1f} steps/s)")
         t.add_row("  speedup batched / HF generate one at a time (steps/s)", f"{r['speedup_vs_generate']:.1f}x")
         t.add_row("  speedup batched / KV engine one at a time", f"{r['speedup']:.1f}x")
     t.add_row("same greedy outputs in every KV-engine run", str(same))
-    t.add_row("HF generate runs with the same outputs", f"{same_generate} of {b.repeats * len(threads)}")
+    t.add_row("HF generate runs with the same outputs", f"{sum(gen_same)} of {len(gen_same)}")
     t.add_row(f"BC training ({res.global_step} steps, batch {cfg.bc.batch_size})", f"{bc_tps:.0f} tokens/s")
     if dpo_res:
         pre, fly = dpo_res["precomputed"], dpo_res["on_the_fly"]
