@@ -110,6 +110,7 @@ def test_self_pair_and_stats():
     p = self_pair(best, worst)
     assert p.kind == "self" and len(actions_of(p.rejected)) == 8
     assert self_pair(best, best) is None
-    s = pair_stats([p, trajectory_pair(EXPERT, worst)], considered=3)
-    assert s["pairs"] == 2 and s["agent_lost"] == 1 and s["no_pair"] == 1
+    s = pair_stats([p, trajectory_pair(EXPERT, worst)], tasks=[p.task_id, "other/1", "other/2"])
+    # two pairs from one task: the other two tasks gave none (never a negative count)
+    assert s["pairs"] == 2 and s["agent_lost"] == 1 and s["tasks"] == 3 and s["no_pair"] == 2
     assert s["by_kind"] == {"trajectory": 1, "step": 0, "self": 1}

@@ -95,7 +95,10 @@ def test_compare_trains_every_variant_and_the_control_from_bc_and_pairs_them(toy
     assert {r["n"] for r in seen.values()} == {4}  # the same seeds for every policy
     lo, hi = seen["step"]["vs_bc"]["diff_ci95"]
     assert lo <= seen["step"]["vs_bc"]["diff"] <= hi
-    assert "| seen | control |" in (out / "compare.md").read_text()
+    md = (out / "compare.md").read_text()
+    assert "| seen | all | control |" in md and "| seen | mapreader | mixture |" in md and "| seen | twc | bc |" in md
+    assert set(seen["mixture"]["per_game"]) == {"mapreader", "twc"} and "vs_control" in seen["mixture"]
+    assert res["control_of"] == "trajectory"
     # the trajectory variant is ETO iteration 1 (same policy, pairs and config): trained once, copied
     it1 = toy_run / "eto" / "iter1" / "dpo"
     assert (out / "trajectory" / "dpo" / "manifest.json").read_text() == (it1 / "manifest.json").read_text()
@@ -112,6 +115,16 @@ def test_rerun_with_same_config_does_nothing(toy_run):
     proc = _ok(run_stage("bc.py", toy_run.parent))
     assert "up to date" in proc.stdout
     assert (toy_run / "bc" / "manifest.json").read_text() == before
+
+
+def test_adding_a_held_out_split_replays_no_evaluation(toy_run):
+    before = (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text()
+    proc = _ok(run_stage("evaluate.py", toy_run.parent, "+env.splits.extra={fold:test,start:0,count:1}",
+                         "eval.splits=[seen,extra]", "eval.tag=bc"))
+    assert "[eval/bc/seen] up to date" in proc.stdout
+    assert (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text() == before
+    extra = json.loads((toy_run / "eval" / "bc" / "extra" / "metrics.json").read_text())
+    assert extra["overall"]["episodes"] == 2  # one test-fold seed of each game
 
 
 def test_unknown_config_key_is_a_clear_error(toy_run):
@@ -131,13 +144,16 @@ def test_demo_report_has_iterations_variants_control_configs_and_versions(toy_ru
     result = json.loads((toy_run / "eto" / "result.json").read_text())
     assert [h["iteration"] for h in result["history"]] == [0, 1]
     assert "| BC |" in report and "| 1 |" in report  # success per iteration
-    for policy in ("| seen | bc |", "| seen | control |", "| seen | trajectory |", "| seen | eto best (iteration"):
+    for policy in ("| seen | all | bc |", "| seen | all | control |", "| seen | twc | trajectory |",
+                   "| seen | mapreader | eto best (iteration"):
         assert policy in report
     assert "## Configuration" in report and "run_name: toy" in report and '"trl"' in report
     assert (toy_run / "success_vs_iteration.png").read_bytes()[:4] == b"\x89PNG"
     rep = json.loads((toy_run / "report.json").read_text())
     best = rep["splits"]["seen"][f"eto best (iteration {result['best_iteration']})"]
     assert best["n"] == 4 and ("vs_bc" in best or result["best_iteration"] == 0)
+    assert {g: r["n"] for g, r in best["per_game"].items()} == {"mapreader": 2, "twc": 2}
+    assert set(result["best_vs_bc"]["seen"]["per_game"]) == {"mapreader", "twc"}
     # BC was evaluated once, by the first stage that needed it; the demo reused it
     assert json.loads((toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text())["status"] == "done"
 

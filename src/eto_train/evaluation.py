@@ -87,6 +87,36 @@ def successes(path) -> dict[str, bool]:
     return {e.task_id: e.success for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
 
 
+def outcomes(path) -> dict[str, tuple[str, bool]]:
+    """task id -> (game, success), for the episodes the policy is accountable for."""
+    from .store import read_episodes
+
+    return {e.task_id: (e.game, e.success) for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
+
+
+def comparison(files: dict[str, Any], n_boot: int, seed: int, base: str = "bc",
+               control: str = "control") -> dict[str, dict[str, Any]]:
+    """Policies' episode files on one split -> a row per policy: success with its Wilson
+    interval, the paired difference to ``base`` and (for the others) to ``control`` when it is
+    there, overall and per game (``per_game``), each on the tasks both policies played."""
+    res = {n: outcomes(f) for n, f in files.items()}
+
+    def row(sel: dict[str, dict[str, bool]], name: str) -> dict[str, Any]:
+        s = sel[name]
+        k, m = sum(s.values()), len(s)
+        r = {"success": k / m if m else 0.0, "success_ci95": list(wilson_ci(k, m)), "n": m}
+        if name != base and base in sel:
+            r["vs_bc"] = paired(sel[base], s, n_boot, seed)
+        if name not in (base, control) and control in sel:
+            r["vs_control"] = paired(sel[control], s, n_boot, seed)
+        return r
+
+    games = sorted({g for o in res.values() for g, _ in o.values()})
+    overall = {n: {t: ok for t, (_, ok) in o.items()} for n, o in res.items()}
+    by_game = {g: {n: {t: ok for t, (gg, ok) in o.items() if gg == g} for n, o in res.items()} for g in games}
+    return {n: {**row(overall, n), "per_game": {g: row(by_game[g], n) for g in games}} for n in res}
+
+
 def paired(base: dict[str, bool], other: dict[str, bool], n_boot: int, seed: int) -> dict[str, Any]:
     """``other`` minus ``base`` on the tasks both played: mean, bootstrap 95% CI, exact McNemar p."""
     from .stats import mcnemar_exact, paired_bootstrap_ci

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from .records import NOT_POLICY_FAULT, Episode, to_messages
 
@@ -130,8 +130,11 @@ def step_pair(expert: Episode, continuation: Episode, t: int) -> Pair | None:
                 prompt=prefix, chosen=chosen, rejected=rejected)
 
 
-def pair_stats(pairs: list[Pair], considered: int) -> dict[str, Any]:
-    """Win/tie/lose counts seen from the agent, and length statistics of the pairs."""
+def pair_stats(pairs: list[Pair], tasks: Iterable[str]) -> dict[str, Any]:
+    """Win/tie/lose counts seen from the agent, and length statistics of the pairs.
+    ``no_pair`` counts the ``tasks`` (explored task ids) that gave no pair of any kind: ties,
+    or failures that are not the policy's."""
+    tasks = set(tasks)
     vs_expert = [p for p in pairs if "expert" in (p.chosen_policy, p.rejected_policy)]
     agent_won = sum(p.chosen_policy != "expert" for p in vs_expert)
     agent_lost = len(vs_expert) - agent_won
@@ -141,8 +144,8 @@ def pair_stats(pairs: list[Pair], considered: int) -> dict[str, Any]:
 
     ch = [turns(p.chosen) for p in pairs] or [0]
     rj = [turns(p.rejected) for p in pairs] or [0]
-    return {"considered": considered, "pairs": len(pairs), "agent_lost": agent_lost, "agent_won": agent_won,
-            "no_pair": considered - len(pairs), "by_kind": {k: sum(p.kind == k for p in pairs)
+    return {"tasks": len(tasks), "pairs": len(pairs), "agent_lost": agent_lost, "agent_won": agent_won,
+            "no_pair": len(tasks - {p.task_id for p in pairs}), "by_kind": {k: sum(p.kind == k for p in pairs)
                                                           for k in ("trajectory", "step", "self")},
             "chosen_turns_mean": sum(ch) / len(ch), "rejected_turns_mean": sum(rj) / len(rj),
             "rejected_turns_max": max(rj)}

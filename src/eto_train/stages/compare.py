@@ -2,10 +2,11 @@
 
 All variants start from the same BC policy and share one exploration (same data, same seeds).
 A control continues BC with SFT on the same chosen trajectories for the same number of
-optimizer steps as the trajectory variant's DPO, so that a gain cannot come from extra
-training alone. Every policy is evaluated on the same held-out seeds; each variant's
-difference to BC is reported per split with a paired bootstrap 95% interval and an exact
-McNemar p-value, in a table (JSON + markdown) and a PNG chart.
+optimizer steps as one variant's DPO (``compare.control_of``, the trajectory variant by
+default), so that a gain cannot come from extra training alone. Every policy is evaluated on
+the same held-out seeds; each variant's difference to BC and to the control is reported per
+split, overall and per game, with a paired bootstrap 95% interval and an exact McNemar
+p-value, in a table (JSON + markdown) and a PNG chart.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..stage import Stage, setup_runtime, setup_wandb, to_plain
-from ..evaluation import paired, successes
-from ..stats import wilson_ci
-from ..store import read_episodes, write_atomic, write_json
+from ..evaluation import comparison
+from ..store import write_atomic, write_json
 from . import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
@@ -67,6 +67,10 @@ def sft_control(cfg, policy_path: str, chosen: list[list[dict]], steps: int, out
 def run(cfg) -> dict[str, Any]:
     console = Console(width=120, markup=False)
     cc = cfg.compare
+    control_of = cc.control_of
+    if cc.control and control_of not in cc.variants:
+        raise ValueError(f"compare.control_of={control_of!r} is not one of compare.variants={list(cc.variants)}: "
+                         "the control matches that variant's chosen side and optimizer steps")
     prepare_bc(cfg)
     bc_policy = str(Path(cfg.paths.bc) / "model")
     out = Path(cfg.paths.compare)
@@ -85,53 +89,54 @@ def run(cfg) -> dict[str, Any]:
         vpairs = pairs.run(vcfg, 1, explored, continuations if v != "trajectory" else [], out / v)
         policies[v] = dpo.run(vcfg, 1, bc_policy, vpairs, out / v)
         steps[v] = json.loads((out / v / "dpo" / "manifest.json").read_text())["metrics"]["optimizer_steps"]
-        if v == "trajectory":
+        if v == control_of:
             chosen_for_control = [p.prompt + p.chosen for p in vpairs]
     if cc.control and chosen_for_control:
-        policies["control"] = sft_control(cfg, bc_policy, chosen_for_control, steps["trajectory"], out / "control")
+        policies["control"] = sft_control(cfg, bc_policy, chosen_for_control, steps[control_of], out / "control")
 
     # -- the same held-out seeds for every policy ------------------------------------------------
     splits = list(cc.splits)
-    results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "splits": {}}
+    results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "control_of": control_of, "splits": {}}
     evals = {n: Path(cfg.paths.bc_eval) if n == "bc" else out / "eval" / n for n in policies}
     for name, path in policies.items():  # BC's evaluation is shared with `make eto` (done once)
         evaluate_policy(cfg, path, "bc" if name == "bc" else f"compare-{name}", splits, evals[name])
     for split in splits:
-        succ = {n: successes(evals[n] / split / "episodes.jsonl") for n in policies}
-        rows = {}
-        for n, s in succ.items():
-            k, m = sum(s.values()), len(s)
-            rows[n] = {"success": k / m if m else 0.0, "success_ci95": list(wilson_ci(k, m)), "n": m}
-            if n != "bc":
-                rows[n]["vs_bc"] = paired(succ["bc"], s, cc.bootstrap, cfg.seed)
-        results["splits"][split] = rows
+        results["splits"][split] = comparison({n: evals[n] / split / "episodes.jsonl" for n in policies},
+                                              cc.bootstrap, cfg.seed)
     write_json(out / "compare.json", results)
     write_atomic(out / "compare.md", markdown(results))
     chart(results, out / "compare.png")
 
-    t = Table(title="contrast variants vs BC (paired on the same seeds)")
-    for col in ("split", "policy", "n", "success [95% CI]", "diff to BC [95% CI]", "McNemar p"):
+    t = Table(title="contrast variants vs BC and the control (paired on the same seeds)")
+    for col in ("split", "game", "policy", "n", "success [95% CI]", "vs BC [95% CI]", "p", "vs control [95% CI]", "p"):
         t.add_column(col, no_wrap=True)
-    for split, rows in results["splits"].items():
-        for n, r in rows.items():
-            vs = r.get("vs_bc")
-            t.add_row(split, n, str(r["n"]), pct(r["success"], r["success_ci95"]),
-                      pct(vs["diff"], vs["diff_ci95"], signed=True) if vs else "-", f"{vs['mcnemar_p']:.3f}" if vs else "-")
+    for cells in table_rows(results):
+        t.add_row(*cells)
     console.print(t)
     console.print(f"-> {out / 'compare.md'}, {out / 'compare.png'}")
     return results
 
 
-def markdown(results: dict[str, Any]) -> str:
-    lines = ["| split | policy | n | success [95% CI] | difference to BC [95% CI] | McNemar p |",
-             "| --- | --- | --- | --- | --- | --- |"]
+def table_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per (split, game, policy): all games first, then each game."""
+    def diff(d):
+        return [pct(d["diff"], d["diff_ci95"], signed=True), f"{d['mcnemar_p']:.3f}"] if d else ["-", "-"]
+
+    out = []
     for split, rows in results["splits"].items():
-        for n, r in rows.items():
-            vs = r.get("vs_bc")
-            lines.append(f"| {split} | {n} | {r['n']} | {pct(r['success'], r['success_ci95'])} | "
-                         f"{pct(vs['diff'], vs['diff_ci95'], signed=True) if vs else '-'} | "
-                         f"{vs['mcnemar_p']:.3f} |" if vs else
-                         f"| {split} | {n} | {r['n']} | {pct(r['success'], r['success_ci95'])} | - | - |")
+        games = sorted({g for r in rows.values() for g in r.get("per_game", {})})
+        for game in ["all", *games]:
+            for n, r in rows.items():
+                r = r if game == "all" else r["per_game"][game]
+                out.append([split, game, n, str(r["n"]), pct(r["success"], r["success_ci95"]),
+                            *diff(r.get("vs_bc")), *diff(r.get("vs_control"))])
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["| split | game | policy | n | success [95% CI] | vs BC [95% CI] | McNemar p | vs control [95% CI] | McNemar p |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..evaluation import paired, successes
+from ..evaluation import comparison
 from ..store import write_json
 from . import bc, dpo, experts, explore, model, pairs
 from .evaluate import evaluate_policy
@@ -77,8 +77,9 @@ def run(cfg) -> dict[str, Any]:
         test = evaluate_policy(cfg, best["policy"], "eto_best", test_splits, best_eval)
     vs_bc = {}
     for split in test_splits:
-        base = successes(Path(cfg.paths.bc_eval) / split / "episodes.jsonl")
-        vs_bc[split] = paired(base, successes(best_eval / split / "episodes.jsonl"), cfg.compare.bootstrap, cfg.seed)
+        rows = comparison({"bc": Path(cfg.paths.bc_eval) / split / "episodes.jsonl",
+                           "best": best_eval / split / "episodes.jsonl"}, cfg.compare.bootstrap, cfg.seed)["best"]
+        vs_bc[split] = {**rows["vs_bc"], "per_game": {g: r["vs_bc"] for g, r in rows["per_game"].items()}}
     result = {"best_iteration": best["iteration"], "best_policy": best["policy"], "best_eval": str(best_eval),
               "history": history,
               "test": {s: r["overall"] for s, r in test.items()},
@@ -99,4 +100,7 @@ def run(cfg) -> dict[str, Any]:
                       f"{100 * result['bc_test'][split]['success_rate']:.1f}%, paired difference "
                       f"{100 * d['diff']:+.1f} [{100 * d['diff_ci95'][0]:+.1f}, {100 * d['diff_ci95'][1]:+.1f}] "
                       f"(n={d['n']}, McNemar p={d['mcnemar_p']:.3f})")
+        for game, g in d["per_game"].items():
+            console.print(f"[eto]   {game}: {100 * g['diff']:+.1f} [{100 * g['diff_ci95'][0]:+.1f}, "
+                          f"{100 * g['diff_ci95'][1]:+.1f}] (n={g['n']}, McNemar p={g['mcnemar_p']:.3f})")
     return result

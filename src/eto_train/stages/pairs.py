@@ -48,8 +48,8 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
         want_step = min(len(step), round(f / (1 - f) * len(traj))) if f < 1 else len(step)
         step = sorted(random.Random(seed).sample(step, want_step), key=lambda p: p.pair_id)
     pairs = traj + step + own
-    considered = len(explored) + len(continuations)
-    stats = pair_stats(pairs, considered)
+    stats = pair_stats(pairs, {e.task_id for e in explored})
+    stats["episodes"] = len(explored) + len(continuations)
     stats["environment_failures"] = sum(e.status in NOT_POLICY_FAULT for e in explored + continuations)
     return pairs, stats
 
@@ -62,6 +62,6 @@ def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episod
     write_jsonl(out / "pairs" / "pairs.jsonl", (p.to_dict() for p in pairs))
     write_json(out / "pairs" / "stats.json", stats)
     console.print(f"[pairs] iteration {iteration}: {stats['pairs']} pairs {stats['by_kind']} "
-                  f"(agent lost {stats['agent_lost']}, won {stats['agent_won']}, no pair {stats['no_pair']}); "
+                  f"(agent lost {stats['agent_lost']}, won {stats['agent_won']}, no pair on {stats['no_pair']} of {stats['tasks']} tasks); "
                   f"rejected turns mean {stats['rejected_turns_mean']:.1f}")
     return pairs

@@ -15,9 +15,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..evaluation import paired, successes
+from ..evaluation import comparison
 from ..stage import versions
-from ..stats import wilson_ci
 from ..store import read_episodes, write_atomic, write_json
 
 
@@ -92,27 +91,23 @@ def build(cfg) -> dict[str, Any]:
     evals[f"eto best (iteration {eto['best_iteration']})"] = Path(eto.get("best_eval", run / "eval" / "eto_best"))
     rows: dict[str, dict[str, Any]] = {}
     for split in cmp["splits"]:
-        succ = {n: successes(d / split / "episodes.jsonl") for n, d in evals.items()
-                if (d / split / "episodes.jsonl").exists()}
-        rows[split] = {}
-        for n, s in succ.items():
-            k, m = sum(s.values()), len(s)
-            r = {"success": k / m if m else 0.0, "success_ci95": list(wilson_ci(k, m)), "n": m,
-                 "environment_failures": env_failures(evals[n] / split / "episodes.jsonl")}
-            if n != "bc":
-                r["vs_bc"] = paired(succ["bc"], s, n_boot, seed)
-            if "control" in succ and n not in ("bc", "control"):
-                r["vs_control"] = paired(succ["control"], s, n_boot, seed)
-            rows[split][n] = r
+        files = {n: d / split / "episodes.jsonl" for n, d in evals.items() if (d / split / "episodes.jsonl").exists()}
+        rows[split] = comparison(files, n_boot, seed)
+        for n, r in rows[split].items():
+            r["environment_failures"] = env_failures(files[n])
     best = f"eto best (iteration {eto['best_iteration']})"
     headline = cfg.eval.splits[0]
     verdict = None
     if best in rows.get(headline, {}) and eto["best_iteration"] > 0:
         r = rows[headline][best]
-        beats_bc = r["vs_bc"]["diff_ci95"][0] > 0
-        beats_control = "vs_control" in r and r["vs_control"]["diff_ci95"][0] > 0
-        verdict = {"split": headline, "beats_bc": beats_bc, "beats_control": beats_control}
-    return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "splits": rows, "verdict": verdict,
+
+        def beats(x: dict[str, Any]) -> dict[str, bool]:
+            return {"beats_bc": x["vs_bc"]["diff_ci95"][0] > 0,
+                    "beats_control": "vs_control" in x and x["vs_control"]["diff_ci95"][0] > 0}
+
+        verdict = {"split": headline, **beats(r), "per_game": {g: beats(x) for g, x in r["per_game"].items()}}
+    return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
+            "splits": rows, "verdict": verdict,
             "faults": fault_accounts(run)}
 
 
@@ -131,22 +126,30 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
                    f"| {m['scored_episodes']} | {explore} | {h.get('pairs', '-')} |")
     out += ["", f"Best iteration on {dev}: {eto['best_iteration']} (0 = BC).", "", f"![success against iteration]({plot_name})",
             "", "## Held-out test splits: every policy on the same seeds", "",
-            "| split | policy | n | success [95% CI] | vs BC [95% CI] | p | vs control [95% CI] | p | env failures |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| split | game | policy | n | success [95% CI] | vs BC [95% CI] | p | vs control [95% CI] | p | env failures |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for split, rows in rep["splits"].items():
-        for n, r in rows.items():
-            out.append(f"| {split} | {n} | {r['n']} | {pct(r['success'], r['success_ci95'])} | "
-                       f"{_diff(r.get('vs_bc'))} | {_diff(r.get('vs_control'))} | {r['environment_failures']} |")
-    out += ["", "`control` continues BC with SFT on the trajectory variant's chosen side for the same number of "
-            f"optimizer steps as its DPO ({rep['compare_dpo_steps']}); trajectory/step/mixture are single DPO "
-            "iterations from BC on one shared exploration.", "", "![variants](compare/compare.png)", ""]
+        games = sorted({g for r in rows.values() for g in r["per_game"]})
+        for game in ["all", *games]:
+            for n, r in rows.items():
+                g = r if game == "all" else r["per_game"][game]
+                out.append(f"| {split} | {game} | {n} | {g['n']} | {pct(g['success'], g['success_ci95'])} | "
+                           f"{_diff(g.get('vs_bc'))} | {_diff(g.get('vs_control'))} | "
+                           f"{r['environment_failures'] if game == 'all' else '-'} |")
+    out += ["", f"`control` continues BC with SFT on the {rep['control_of']} variant's chosen side "
+            f"for the same number of optimizer steps as its DPO ({rep['compare_dpo_steps']}); trajectory/step/mixture "
+            "are single DPO iterations from BC on one shared exploration.", "", "![variants](compare/compare.png)", ""]
     v = rep["verdict"]
     if v is None:
         out.append("**Verdict:** no ETO iteration beat BC on the dev split; the best policy is BC.")
     else:
         out.append(f"**Verdict ({v['split']}):** the best ETO iteration "
                    f"{'beats' if v['beats_bc'] else 'does not beat'} BC and "
-                   f"{'beats' if v['beats_control'] else 'does not beat'} the SFT control with a paired 95% interval above zero.")
+                   f"{'beats' if v['beats_control'] else 'does not beat'} the SFT control with a paired 95% interval "
+                   "above zero.")
+        for game, g in v.get("per_game", {}).items():
+            out.append(f"On {game} alone it {'beats' if g['beats_bc'] else 'does not beat'} BC and "
+                       f"{'beats' if g['beats_control'] else 'does not beat'} the control.")
     out += ["", "## Environment faults", "",
             "Every failed environment call an episode met: recovered (the episode was rebuilt on a fresh instance "
             "by replaying its actions, and went on) or, after `eval.env_retries` retries of one call, ended as "

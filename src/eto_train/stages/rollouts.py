@@ -87,7 +87,10 @@ class Rollouts:
         """
         console = Console(markup=False)
         work = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
-        stage = Stage(name, out, {"env": self.env_cfg, "prompt": to_plain(self.cfg.prompt), "seed": self.cfg.seed,
+        # The work list's hash names the tasks played; the other splits' definitions are left out
+        # so that adding a held-out split does not invalidate (and replay) every evaluation.
+        env_scope = {k: v for k, v in self.env_cfg.items() if k != "splits"}
+        stage = Stage(name, out, {"env": env_scope, "prompt": to_plain(self.cfg.prompt), "seed": self.cfg.seed,
                                   "sampling": self.sampling, "policy": self.ref.id,
                                   "work": config_hash([w.key(self.ref.id, self.cfg.seed) for w in work]),
                                   "episodes": len(work), **(extra_config or {}),

@@ -1,0 +1,47 @@
+"""Paired comparison of policies on the same seeds: overall and per game, by hand."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from eto_train.evaluation import comparison
+from eto_train.store import append_episodes
+
+
+def _write(path, template, outcomes):
+    """One episode per (game, seed, status) in ``outcomes``, built from ``template``."""
+    eps = []
+    for game, seed, status in outcomes:
+        e = copy.deepcopy(template)
+        e.game, e.seed, e.task_id, e.status = game, seed, f"{game}/train/{seed}", status
+        eps.append(e)
+    append_episodes(path, eps)
+    return path
+
+
+def test_comparison_pairs_per_game_and_against_the_control(tmp_path, expert_episodes):
+    t = expert_episodes[0]
+    S, F, E = "success", "failure", "environment_failure"
+    # mapreader: bc 1/4, control 2/4, eto 4/4; twc: bc 2/3 (the environment failure is not scored), eto 1/3
+    bc = [("mapreader", i, s) for i, s in enumerate([S, F, F, F])] + [("twc", i, s) for i, s in enumerate([S, S, F, E])]
+    ctl = [("mapreader", i, s) for i, s in enumerate([S, S, F, F])] + [("twc", i, s) for i, s in enumerate([S, S, F, F])]
+    eto = [("mapreader", i, s) for i, s in enumerate([S, S, S, S])] + [("twc", i, s) for i, s in enumerate([F, S, F, S])]
+    files = {n: _write(tmp_path / f"{n}.jsonl", t, o) for n, o in (("bc", bc), ("control", ctl), ("eto", eto))}
+    rows = comparison(files, n_boot=500, seed=0)
+
+    assert rows["bc"]["n"] == 7 and rows["bc"]["success"] == pytest.approx(3 / 7) and "vs_bc" not in rows["bc"]
+    assert "vs_control" not in rows["control"]
+    e = rows["eto"]
+    assert e["n"] == 8 and e["success"] == pytest.approx(6 / 8)
+    # overall: paired on the 7 tasks both scored (twc seed 3 is an environment failure for bc)
+    assert e["vs_bc"]["n"] == 7 and e["vs_bc"]["diff"] == pytest.approx((5 - 3) / 7)
+    mr, twc = e["per_game"]["mapreader"], e["per_game"]["twc"]
+    assert mr["n"] == 4 and mr["vs_bc"]["diff"] == pytest.approx(3 / 4) and mr["vs_control"]["diff"] == pytest.approx(2 / 4)
+    # mapreader vs bc: 3 discordant pairs, all for eto: exact McNemar p = 2 * (1/2)^3
+    assert mr["vs_bc"]["mcnemar_p"] == pytest.approx(0.25)
+    assert twc["vs_bc"]["n"] == 3 and twc["vs_bc"]["diff"] == pytest.approx((1 - 2) / 3)
+    assert twc["vs_control"]["n"] == 4 and twc["vs_control"]["diff"] == pytest.approx((2 - 2) / 4)
+    lo, hi = mr["vs_bc"]["diff_ci95"]
+    assert lo <= 0.75 <= hi
