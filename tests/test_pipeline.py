@@ -127,6 +127,12 @@ def test_adding_a_held_out_split_replays_no_evaluation(toy_run):
     assert extra["overall"]["episodes"] == 2  # one test-fold seed of each game
 
 
+def test_a_control_matched_to_an_absent_variant_is_a_clear_error(toy_run):
+    proc = run_stage("compare.py", toy_run.parent, "compare.variants=[step]", "compare.control_of=trajectory")
+    assert proc.returncode != 0
+    assert "compare.control_of='trajectory' is not one of compare.variants=['step']" in proc.stderr
+
+
 def test_unknown_config_key_is_a_clear_error(toy_run):
     proc = run_stage("bc.py", toy_run.parent, "bc.learning_rat=0.1")
     assert proc.returncode != 0
