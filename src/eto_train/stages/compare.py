@@ -26,7 +26,7 @@ from ..store import write_atomic, write_json
 from . import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
-from .report import pct
+from .report import table_rows
 
 
 def _with(cfg, **updates):
@@ -110,33 +110,17 @@ def run(cfg) -> dict[str, Any]:
     t = Table(title="contrast variants vs BC and the control (paired on the same seeds)")
     for col in ("split", "game", "policy", "n", "success [95% CI]", "vs BC [95% CI]", "p", "vs control [95% CI]", "p"):
         t.add_column(col, no_wrap=True)
-    for cells in table_rows(results):
+    for cells in table_rows(results["splits"]):
         t.add_row(*cells)
     console.print(t)
     console.print(f"-> {out / 'compare.md'}, {out / 'compare.png'}")
     return results
 
 
-def table_rows(results: dict[str, Any]) -> list[list[str]]:
-    """One row per (split, game, policy): all games first, then each game."""
-    def diff(d):
-        return [pct(d["diff"], d["diff_ci95"], signed=True), f"{d['mcnemar_p']:.3f}"] if d else ["-", "-"]
-
-    out = []
-    for split, rows in results["splits"].items():
-        games = sorted({g for r in rows.values() for g in r.get("per_game", {})})
-        for game in ["all", *games]:
-            for n, r in rows.items():
-                r = r if game == "all" else r["per_game"][game]
-                out.append([split, game, n, str(r["n"]), pct(r["success"], r["success_ci95"]),
-                            *diff(r.get("vs_bc")), *diff(r.get("vs_control"))])
-    return out
-
-
 def markdown(results: dict[str, Any]) -> str:
     lines = ["| split | game | policy | n | success [95% CI] | vs BC [95% CI] | McNemar p | vs control [95% CI] | McNemar p |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results["splits"])]
     return "\n".join(lines) + "\n"
 
 

@@ -51,9 +51,21 @@ def pct(x: float, ci=None, signed: bool = False) -> str:
     return f"{100 * x:{f}}{unit}" + (f" [{100 * ci[0]:{f}}, {100 * ci[1]:{f}}]" if ci is not None else "")
 
 
-def _diff(d: dict[str, Any] | None) -> str:
-    """Two table cells: the paired difference with its interval, and the McNemar p-value."""
-    return f"{pct(d['diff'], d['diff_ci95'], True)} | {d['mcnemar_p']:.3f}" if d else "- | -"
+def table_rows(splits: dict[str, dict[str, Any]], extra=None) -> list[list[str]]:
+    """Table cells per (split, game, policy) of ``evaluation.comparison`` rows: all games first,
+    then each game; ``extra(row, game)`` appends cells of its own."""
+    def diff(d):
+        return [pct(d["diff"], d["diff_ci95"], signed=True), f"{d['mcnemar_p']:.3f}"] if d else ["-", "-"]
+
+    out = []
+    for split, rows in splits.items():
+        games = sorted({g for r in rows.values() for g in r["per_game"]})
+        for game in ["all", *games]:
+            for n, r in rows.items():
+                g = r if game == "all" else r["per_game"][game]
+                out.append([split, game, n, str(g["n"]), pct(g["success"], g["success_ci95"]),
+                            *diff(g.get("vs_bc")), *diff(g.get("vs_control")), *(extra(r, game) if extra else [])])
+    return out
 
 
 def iteration_plot(history: list[dict[str, Any]], path: Path, split: str) -> None:
@@ -128,14 +140,10 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
             "", "## Held-out test splits: every policy on the same seeds", "",
             "| split | game | policy | n | success [95% CI] | vs BC [95% CI] | p | vs control [95% CI] | p | env failures |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for split, rows in rep["splits"].items():
-        games = sorted({g for r in rows.values() for g in r["per_game"]})
-        for game in ["all", *games]:
-            for n, r in rows.items():
-                g = r if game == "all" else r["per_game"][game]
-                out.append(f"| {split} | {game} | {n} | {g['n']} | {pct(g['success'], g['success_ci95'])} | "
-                           f"{_diff(g.get('vs_bc'))} | {_diff(g.get('vs_control'))} | "
-                           f"{r['environment_failures'] if game == 'all' else '-'} |")
+    def failures_cell(r, game):  # environment failures are counted over the whole split
+        return [str(r["environment_failures"]) if game == "all" else "-"]
+
+    out += ["| " + " | ".join(cells) + " |" for cells in table_rows(rep["splits"], failures_cell)]
     out += ["", f"`control` continues BC with SFT on the {rep['control_of']} variant's chosen side "
             f"for the same number of optimizer steps as its DPO ({rep['compare_dpo_steps']}); trajectory/step/mixture "
             "are single DPO iterations from BC on one shared exploration.", "", "![variants](compare/compare.png)", ""]
