@@ -79,19 +79,17 @@ def metrics_table(title: str, results: dict[str, dict[str, Any]]):
     return t
 
 
-def successes(path) -> dict[str, bool]:
-    """task id -> success in an episodes file, for the episodes the policy is accountable for
-    (environment, orchestrator and evaluator failures are left out)."""
-    from .store import read_episodes
-
-    return {e.task_id: e.success for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
-
-
 def outcomes(path) -> dict[str, tuple[str, bool]]:
-    """task id -> (game, success), for the episodes the policy is accountable for."""
+    """task id -> (game, success) in an episodes file, for the episodes the policy is accountable
+    for (environment, orchestrator and evaluator failures are left out)."""
     from .store import read_episodes
 
     return {e.task_id: (e.game, e.success) for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
+
+
+def successes(path) -> dict[str, bool]:
+    """task id -> success, for the episodes the policy is accountable for (see ``outcomes``)."""
+    return {t: ok for t, (_, ok) in outcomes(path).items()}
 
 
 def comparison(files: dict[str, Any], n_boot: int, seed: int, base: str = "bc",

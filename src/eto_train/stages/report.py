@@ -140,6 +140,7 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
             "", "## Held-out test splits: every policy on the same seeds", "",
             "| split | game | policy | n | success [95% CI] | vs BC [95% CI] | p | vs control [95% CI] | p | env failures |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
     def failures_cell(r, game):  # environment failures are counted over the whole split
         return [str(r["environment_failures"]) if game == "all" else "-"]
 
@@ -155,7 +156,7 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
                    f"{'beats' if v['beats_bc'] else 'does not beat'} BC and "
                    f"{'beats' if v['beats_control'] else 'does not beat'} the SFT control with a paired 95% interval "
                    "above zero.")
-        for game, g in v.get("per_game", {}).items():
+        for game, g in v["per_game"].items():
             out.append(f"On {game} alone it {'beats' if g['beats_bc'] else 'does not beat'} BC and "
                        f"{'beats' if g['beats_control'] else 'does not beat'} the control.")
     out += ["", "## Environment faults", "",
