@@ -191,7 +191,7 @@ def main(cfg) -> None:
     bc_cfg = {**to_plain(cfg.bc), "max_steps": b.bc_steps, "save_strategy": "no", "logging_steps": 1000}
     out = Path(cfg.paths.run) / "bench"
     train_model = load_model(policy_path, dtype=cfg.model.dtype)
-    trainer = make_trainer(train_model, tok, sft_dataset(experts),
+    trainer = make_trainer(train_model, tok, sft_dataset(experts, tok),
                            sft_config(str(out / "sft"), bc_cfg, cfg.seed, report_to="none"))
     res = trainer.train()
     per_step = [len(x) for x in trainer.train_dataset["input_ids"]]

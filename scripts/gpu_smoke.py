@@ -123,7 +123,7 @@ def train_sft(path, tok, experts, o, mode: str, device_ok: bool, clock_cls):
            "use_cpu": not device_ok}
     args = sft_config(str(o.out / f"sft_{mode}"), cfg, 0, report_to="none")
     args.include_num_input_tokens_seen = "non_padding"
-    data = sft_dataset(experts * max(1, (o.steps * o.batch) // len(experts) + 1))
+    data = sft_dataset(experts * max(1, (o.steps * o.batch) // len(experts) + 1), tok)
     trainer = make_trainer(model, tok, data, args, peft)
     trainer.remove_callback(RichProgressCallback)  # the figures are printed at the end
     clock = clock_cls()

@@ -28,7 +28,7 @@ def _assistant_char_spans(text: str) -> list[tuple[int, int]]:
 def test_labels_cover_exactly_the_assistant_tokens(tmp_path, tiny_model_dir, expert_episodes):
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
-    ds = sft_dataset(expert_episodes[:3])
+    ds = sft_dataset(expert_episodes[:3], tok)
     trainer = make_trainer(model, tok, ds, sft_config(str(tmp_path), BC, seed=0, report_to="none"))
     batch = next(iter(trainer.get_train_dataloader()))
     assert batch["input_ids"].shape[0] == 3

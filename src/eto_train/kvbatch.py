@@ -3,7 +3,10 @@
 Re-encoding every conversation from the start at each step made batching useless on a CPU:
 the prefill of long histories dominated and padding wasted the rest. Here each row keeps its
 keys and values; a step feeds only what the conversation gained since the last step (the
-observation turn and the next assistant header), then decodes. Rows join (a new episode) and
+observation turn and the next assistant header), then decodes. Each turn the whole prompt is
+tokenized as HF ``generate`` would get it, and the cache is kept only where its tokens are a
+prefix of that prompt, so the answers equal ``generate`` on the whole conversation whatever the
+chat template does. Rows join (a new episode) and
 leave (a finished one) at any step; rows are left-padded with masked holes, and positions are
 each row's own token count, so a row computes exactly what it would alone.
 
@@ -54,25 +57,31 @@ class SpareLayer(DynamicLayer):
 
 class KVBatch:
     def __init__(self, model, tok, max_new_tokens: int, budget: int, do_sample: bool = False,
-                 temperature: float = 1.0, top_p: float = 1.0, encode_full=None):
+                 temperature: float = 1.0, top_p: float = 1.0, encode_full=None, stop_ids=None):
         self.model, self.tok = model, tok
         self.max_new, self.budget = max_new_tokens, budget
         self.do_sample, self.temperature, self.top_p = do_sample, temperature, top_p
-        self.encode_full = encode_full  # conv -> (ids, turns dropped): a fresh, fitted prompt
-        self.eos, self.pad = tok.eos_token_id, tok.pad_token_id
+        self.encode_full = encode_full or self._encode  # conv -> (ids, turns dropped): a fitted prompt
+        self.stop = set(stop_ids) if stop_ids else {tok.eos_token_id}  # every end-of-turn id
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.cache = None
         self.mask = torch.zeros((0, 0), dtype=torch.long)  # [rows, cached positions]
         self.length: list[int] = []  # real tokens per row (its next position id)
-        self.text: list[str | None] = []  # the text whose tokens the row's cache holds
+        self.held: list[list[int] | None] = []  # the token ids the row's cache holds (None: start anew)
+        self.reencoded = 0  # rows whose history stopped being a prefix of the new prompt
         self.device = next(model.parameters()).device
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def _encode(self, conv):
+        ids = self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        return self.tok(ids, add_special_tokens=False)["input_ids"], 0
 
     # -- rows ---------------------------------------------------------------------------------
     def add_row(self) -> None:
         self.mask = torch.cat([self.mask, torch.zeros((1, self.mask.shape[1]), dtype=torch.long)])
         self.length.append(0)
-        self.text.append(None)
+        self.held.append(None)
         for layer in self._layers():
             layer.keys = torch.cat([layer.keys, torch.zeros_like(layer.keys[:1])])
             layer.values = torch.cat([layer.values, torch.zeros_like(layer.values[:1])])
@@ -83,7 +92,7 @@ class KVBatch:
         idx = torch.tensor(rows, dtype=torch.long)
         self.mask = self.mask[idx]
         self.length = [self.length[i] for i in rows]
-        self.text = [self.text[i] for i in rows]
+        self.held = [self.held[i] for i in rows]
         if self.cache is not None:
             if rows:
                 self.cache.batch_select_indices(idx.to(self.device))
@@ -94,7 +103,7 @@ class KVBatch:
     def _reset_row(self, i: int) -> None:
         self.mask[i] = 0
         self.length[i] = 0
-        self.text[i] = None
+        self.held[i] = None
 
     def _compact(self) -> None:
         """Drop cached positions no row attends to any more, keeping rows left-padded."""
@@ -125,10 +134,10 @@ class KVBatch:
     def _take(self, rows: list[int]) -> "KVBatch":
         """A new KVBatch holding ``rows`` (cache included); this one keeps the others."""
         other = KVBatch.__new__(KVBatch)
-        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("cache", "mask", "length", "text")})
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("cache", "mask", "length", "held")})
         other.cache, other.mask = None, torch.zeros((len(rows), 0), dtype=torch.long)
         other.length = [0] * len(rows)
-        other.text = [self.text[i] for i in rows]
+        other.held = [self.held[i] for i in rows]
         rest = [i for i in range(len(self.length)) if i not in set(rows)]
         self.keep(rest)
         return other
@@ -138,7 +147,7 @@ class KVBatch:
         if other.cache is None:
             return
         if self.cache is None or not self.length:
-            self.cache, self.mask, self.length, self.text = other.cache, other.mask, other.length, other.text
+            self.cache, self.mask, self.length, self.held = other.cache, other.mask, other.length, other.held
             return
         width = max(self.mask.shape[1], other.mask.shape[1])
 
@@ -154,7 +163,7 @@ class KVBatch:
             a.values = torch.cat([lpad(a.values, width, 2), lpad(b.values, width, 2)])
         self.mask = torch.cat([lpad(self.mask, width, 1), lpad(other.mask, width, 1)])
         self.length += other.length
-        self.text += other.text
+        self.held += other.held
 
     # -- forward --------------------------------------------------------------------------------
     def _forward(self, chunks: list[list[int]]) -> torch.Tensor:
@@ -221,18 +230,20 @@ class KVBatch:
         assert len(convs) == len(self.length), "one conversation per row"
         chunks, dropped = [], []
         for i, conv in enumerate(convs):
-            full = self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-            prev, new = self.text[i], None
-            if prev is not None and full.startswith(prev):
-                new = self.tok(full[len(prev):], add_special_tokens=False)["input_ids"]
-                if self.length[i] + len(new) + self.max_new > self.budget:
-                    new = None
-            if new is None:  # a new episode, a diverged history or a full context: encode anew
-                self._reset_row(i)
-                new, d = self.encode_full(conv)
-                self.text[i] = full if d == 0 else None  # a cut prompt cannot be extended later
+            # The prompt exactly as HF generate on the whole conversation would get it; the row's
+            # cache is kept when its tokens are a prefix of it. They are not when the template
+            # rewrites history, the generated tokens are not the tokenizer's own split of their
+            # text, or the prompt was fitted to the context: then the row is encoded anew.
+            ids, d = self.encode_full(conv)
+            prev = self.held[i]
+            if prev is not None and d == 0 and len(ids) > len(prev) and ids[:len(prev)] == prev:
+                new = ids[len(prev):]
             else:
-                d, self.text[i] = 0, full
+                if prev is not None:
+                    self.reencoded += 1
+                self._reset_row(i)
+                new = ids
+            self.held[i] = list(ids) if d == 0 else None  # a cut prompt cannot be extended later
             chunks.append(new)
             dropped.append(d)
         prompt_tokens = [self.length[i] + len(c) for i, c in enumerate(chunks)]
@@ -249,7 +260,7 @@ class KVBatch:
                     continue
                 out[i].append(nxt[i])
                 feed.append([nxt[i]])
-                if nxt[i] == self.eos or len(out[i]) >= self.max_new:
+                if nxt[i] in self.stop or len(out[i]) >= self.max_new:
                     done[i] = True
                     if on_row is not None:
                         on_row(i, self.tok.decode(out[i], skip_special_tokens=True).strip())
@@ -259,9 +270,8 @@ class KVBatch:
             nxt = self._pick(logits).tolist()
         results = []
         for i in range(n):
-            raw = self.tok.decode(out[i], skip_special_tokens=False)
-            if self.text[i] is not None:
-                self.text[i] += raw
+            if self.held[i] is not None:
+                self.held[i] += out[i]
             text = self.tok.decode(out[i], skip_special_tokens=True).strip()
             results.append((text, prompt_tokens[i], len(out[i]), dropped[i]))
         return results

@@ -53,6 +53,7 @@ class Policy:
     def __init__(self, model, tokenizer, gen: GenerationConfig, max_context: int | None = None):
         self.model, self.tok, self.gen = model, tokenizer, gen
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 2048)
+        self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.model.eval()
 
     def _encode(self, conv: list[dict[str, str]]) -> tuple[list[int], int]:
@@ -64,12 +65,17 @@ class Policy:
         return ids, dropped + (1 if cut else 0)
 
     def session(self):
-        """A KV-cached batch whose rows persist across turns (see :mod:`eto_train.kvbatch`)."""
+        """A KV-cached batch whose rows persist across turns (see :mod:`eto_train.kvbatch`), or
+        None for a model with sliding-window attention layers (Gemma-2/3): their cache keeps only
+        the window, which the engine's per-row cache surgery does not model, so those models
+        answer whole conversations with HF ``generate`` each turn (slower, exact)."""
         from .kvbatch import KVBatch
 
+        if uses_sliding_window(self.model.config):
+            return None
         g = self.gen
         return KVBatch(self.model, self.tok, g.max_new_tokens, self.max_context, g.do_sample, g.temperature,
-                       g.top_p, encode_full=self._encode)
+                       g.top_p, encode_full=self._encode, stop_ids=self.stop_ids)
 
     def generate(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int, int, int]]:
         """For each conversation: (text, prompt tokens, completion tokens, turns dropped)."""
@@ -84,7 +90,7 @@ class Policy:
             input_ids[i, width - len(ids):] = torch.tensor(ids)
             attn[i, width - len(ids):] = 1
         kwargs = dict(max_new_tokens=self.gen.max_new_tokens, do_sample=self.gen.do_sample,
-                      pad_token_id=pad, eos_token_id=self.tok.eos_token_id)
+                      pad_token_id=pad, eos_token_id=self.stop_ids)
         if self.gen.do_sample:
             kwargs.update(temperature=self.gen.temperature, top_p=self.gen.top_p)
         device = next(self.model.parameters()).device
@@ -94,12 +100,33 @@ class Policy:
         results = []
         for i, (ids, dropped) in enumerate(enc):
             new = out[i, width:].tolist()
-            n = len(new)
-            if self.tok.eos_token_id in new:  # count up to and including the stop token
-                n = new.index(self.tok.eos_token_id) + 1
+            n = first_stop(new, self.stop_ids)  # count up to and including the stop token
             text = self.tok.decode(new[:n], skip_special_tokens=True).strip()
             results.append((text, len(ids), n, dropped))
         return results
+
+
+def stop_token_ids(tok, generation_config=None) -> list[int]:
+    """Every token id that ends an assistant turn: the tokenizer's eos and the model's
+    ``generation_config.eos_token_id`` (Llama-3.1 lists <|end_of_text|>, <|eom_id|> and
+    <|eot_id|>; Gemma-3 <eos> and <end_of_turn>; Qwen <|im_end|> and <|endoftext|>)."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids = [tok.eos_token_id] + (list(eos) if isinstance(eos, (list, tuple)) else [eos])
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def first_stop(new: list[int], stop_ids) -> int:
+    """The number of generated tokens up to and including the first stop token (all if none)."""
+    return next((j + 1 for j, t in enumerate(new) if t in stop_ids), len(new))
+
+
+def uses_sliding_window(config) -> bool:
+    """Whether some attention layer of the model sees only a sliding window of the context."""
+    types = getattr(config, "layer_types", None) or []
+    if any("sliding" in str(t) for t in types):
+        return True
+    window = getattr(config, "sliding_window", None)
+    return bool(window) and getattr(config, "use_sliding_window", True) is not False and not types
 
 
 class _Stateless:
@@ -157,7 +184,7 @@ def run_rollouts(
     queue = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
     queue.reverse()  # pop() from the end keeps the given order
     slots = [_Slot(env=make_env()) for _ in range(min(cfg.batch_size, len(queue)))]
-    session = policy.session() if hasattr(policy, "session") else _Stateless(policy)
+    session = (policy.session() if hasattr(policy, "session") else None) or _Stateless(policy)
     # One worker thread steps the environments: a row's action goes to its simulator as soon as
     # the row has finished decoding, while the other rows still decode (torch and the JVM then
     # use both cores). One worker keeps the environment calls in a fixed order (the order in

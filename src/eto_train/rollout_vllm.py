@@ -4,7 +4,7 @@ The engine in :mod:`eto_train.rollout` asks its policy for a ``session()`` and t
 step, ``step(conversations)`` -> one ``(text, prompt tokens, completion tokens, turns
 dropped)`` per conversation. This policy answers exactly that, with the HF policy's prompt
 rendering and truncation (the same token ids go in), its greedy / sampling settings and its
-stop rule (cut at the tokenizer's end-of-turn token, counted). vLLM keeps no state between
+stop rule (cut at the first end-of-turn token, counted). vLLM keeps no state between
 steps; its prefix cache reuses the shared history of each conversation.
 
 The checkpoint is loaded into the engine once (``from_checkpoint``) and serves every step
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .rollout import GenerationConfig, Policy
+from .rollout import GenerationConfig, Policy, first_stop, stop_token_ids
 
 EXTRA_HINT = "eval.backend=vllm needs vLLM: pip install -e '.[vllm]' (a CUDA GPU)"
 
@@ -29,16 +29,26 @@ def import_vllm():
     return vllm
 
 
-def sampling_kwargs(gen: GenerationConfig, stop_token_id: int | None) -> dict[str, Any]:
+def sampling_kwargs(gen: GenerationConfig, stop_ids: list[int] | int | None) -> dict[str, Any]:
     """``vllm.SamplingParams`` keywords matching the HF policy's decoding."""
     kw: dict[str, Any] = {"max_tokens": gen.max_new_tokens, "skip_special_tokens": True}
     if gen.do_sample:
         kw.update(temperature=gen.temperature, top_p=gen.top_p)
     else:
         kw.update(temperature=0.0, top_p=1.0)  # vLLM's greedy
-    if stop_token_id is not None:  # the tokenizer's eos, as HF generate gets it (not the config's list)
-        kw["stop_token_ids"] = [stop_token_id]
+    if stop_ids is not None:  # every end-of-turn id, as the HF engine stops on (rollout.stop_token_ids)
+        kw["stop_token_ids"] = [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
     return kw
+
+
+def _generation_config(path: str):
+    """The checkpoint's generation config (its eos ids), or None when it has none."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    try:
+        return HFGenerationConfig.from_pretrained(path)
+    except OSError:
+        return None
 
 
 class _Session:
@@ -59,9 +69,10 @@ class _Session:
 
 class VLLMPolicy:
     def __init__(self, engine, tokenizer, gen: GenerationConfig, max_context: int,
-                 sampling_params: Callable[..., Any]):
+                 sampling_params: Callable[..., Any], stop_ids: list[int] | None = None):
         self.engine, self.tok, self.gen, self.max_context = engine, tokenizer, gen, max_context
-        self._params = sampling_params(**sampling_kwargs(gen, tokenizer.eos_token_id))
+        self.stop_ids = stop_ids or [tokenizer.eos_token_id]
+        self._params = sampling_params(**sampling_kwargs(gen, self.stop_ids))
 
     # The HF policy's prompt rendering and truncation (drop the oldest exchanges to fit), so
     # both backends see identical token ids; it reads only tok, gen and max_context.
@@ -78,7 +89,8 @@ class VLLMPolicy:
                           max_model_len=max_context, trust_remote_code=trust_remote_code,
                           enable_prefix_caching=True, **engine_kwargs)
         tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
-        return cls(engine, tok, gen, max_context, vllm.SamplingParams)
+        return cls(engine, tok, gen, max_context, vllm.SamplingParams,
+                   stop_ids=stop_token_ids(tok, _generation_config(path)))
 
     def session(self) -> _Session:
         return _Session(self)
@@ -88,12 +100,12 @@ class VLLMPolicy:
         outs = self.engine.generate([{"prompt_token_ids": ids} for ids, _ in enc], self._params, use_tqdm=False)
         if len(outs) != len(enc):
             raise RuntimeError(f"vLLM answered {len(outs)} of {len(enc)} prompts")
-        eos, results = self.tok.eos_token_id, []
+        results = []
         for (ids, dropped), out in zip(enc, outs):  # vLLM returns outputs in prompt order
             if getattr(out, "prompt_token_ids", None) is not None and list(out.prompt_token_ids) != ids:
                 raise RuntimeError("vLLM returned outputs out of prompt order")
             new = list(out.outputs[0].token_ids)
-            n = new.index(eos) + 1 if eos in new else len(new)  # count up to and including the stop token
+            n = first_stop(new, self.stop_ids)  # count up to and including the stop token
             text = self.tok.decode(new[:n], skip_special_tokens=True).strip()
             results.append((text, len(ids), n, dropped))
         return results

@@ -31,9 +31,9 @@ def run(cfg) -> None:
     report_to = setup_wandb(to_plain(cfg.wandb), out)
 
     # -- setup ------------------------------------------------------------------------------
-    dataset = sft_dataset(read_episodes(cfg.paths.experts), only_success=cfg.bc.only_success)
     tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.trust_remote_code,
                                chat_template=cfg.model.get("chat_template"))
+    dataset = sft_dataset(read_episodes(cfg.paths.experts), tokenizer, only_success=cfg.bc.only_success)
     model = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code,
                        quantization=cfg.model.get("quantization"))
     peft_config = None

@@ -39,10 +39,8 @@ def _with(cfg, **updates):
 
 def sft_control(cfg, policy_path: str, chosen: list[list[dict]], steps: int, out: Path) -> str:
     """Continue ``policy_path`` with SFT on ``chosen`` conversations for exactly ``steps`` steps."""
-    from datasets import Dataset
-
     from ..model.load import load_model, load_tokenizer
-    from ..training.sft import make_trainer, sft_config
+    from ..training.sft import conversation_dataset, make_trainer, sft_config
 
     setup_runtime(cfg.runtime.train_threads)
     d = dpo.hyperparameters(cfg, 1)
@@ -55,7 +53,7 @@ def sft_control(cfg, policy_path: str, chosen: list[list[dict]], steps: int, out
     stage.begin()
     tok = load_tokenizer(policy_path)
     trainer = make_trainer(load_model(policy_path, dtype=cfg.model.dtype), tok,
-                           Dataset.from_list([{"messages": m} for m in chosen]),
+                           conversation_dataset(chosen, tok),
                            sft_config(str(out / "checkpoints"), train, cfg.seed, setup_wandb(to_plain(cfg.wandb), out)))
     result = trainer.train()
     trainer.model.save_pretrained(out / "model", safe_serialization=True)

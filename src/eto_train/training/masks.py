@@ -1,50 +1,90 @@
-"""Which tokens of a rendered conversation are the assistant's (its actions).
+"""Which tokens of a rendered conversation are the assistant's (its actions): the labels of
+behavior cloning and the completion mask of DPO.
 
-Works for any chat template, with or without ``{% generation %}`` markers: the conversation
-is rendered once per assistant turn, and the text an assistant turn adds to the rendering of
-everything before it (after the generation prompt) is that turn's text. Written by hand
-because TRL's ``return_assistant_tokens_mask`` needs generation markers that most public chat
-templates (Llama-2, Llama-3, Qwen) do not have.
+Works for any chat template, with or without ``{% generation %}`` markers, and for templates
+that rewrite history (Qwen3 adds an empty thinking block to the last assistant turn only).
+The conversation is rendered once; each message's content (trimmed, as templates trim it) is
+found in that text in order, so an assistant turn's characters are known exactly. Its tokens
+are those that overlap its content, plus what follows up to and including the turn's
+end-of-turn token (Llama-2's " </s>", ChatML's "<|im_end|>", Gemma's "<end_of_turn>"): what the
+model must generate to answer and stop. Role headers, thinking-block scaffolding, the separator
+after the end-of-turn token and every other message count for nothing.
 
-With a fast tokenizer the whole conversation is tokenized once and each token is placed by
-its character offsets (rendering is cheap, tokenizing is not: DPO pairs of 15 turns took 5 s
-per 141 pairs when every prefix was tokenized); otherwise every prefix is tokenized.
+Written by hand because TRL's ``assistant_only_loss`` needs generation markers that most public
+chat templates (Llama-2, Llama-3, Mistral, Qwen) do not have, and its template patching covers
+only some families.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 
-def _render(tok, messages, add_generation_prompt=False) -> str:
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+class TemplateError(ValueError):
+    """A chat template that does not render a message's content verbatim."""
 
 
-def _ids(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
+def _render(tok, messages) -> str:
+    return tok.apply_chat_template(messages, tokenize=False)
 
 
-def assistant_token_mask(tok, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """(input ids of the whole conversation, 1 for each assistant token else 0)."""
+def content_spans(text: str, messages: list[dict[str, str]]) -> list[tuple[int, int, int]]:
+    """(message index, start, end) of every non-empty message content in the rendered ``text``.
+
+    Messages are searched in order, each after the previous one's end, so an action repeated
+    in an earlier observation is never mistaken for the action itself."""
+    spans, cursor = [], 0
+    for i, m in enumerate(messages):
+        needle = (m.get("content") or "").strip()
+        if not needle:
+            continue
+        start = text.find(needle, cursor)
+        if start < 0:
+            raise TemplateError(
+                f"the chat template does not render message {i} ({m['role']}) verbatim, so its tokens cannot "
+                f"be located (content starts {needle[:60]!r}); set model.chat_template to a template that does")
+        spans.append((i, start, start + len(needle)))
+        cursor = start + len(needle)
+    return spans
+
+
+def assistant_token_mask(tok, messages: list[dict[str, str]],
+                         stop_ids: set[int] | None = None) -> tuple[list[int], list[int]]:
+    """(input ids of the whole conversation, 1 for each assistant token else 0).
+
+    ``stop_ids``: the end-of-turn token ids (default: the tokenizer's eos)."""
+    stop = set(stop_ids) if stop_ids else {tok.eos_token_id}
     text = _render(tok, messages)
-    # per assistant turn: (the text before it, generation prompt included; the text up to its end)
-    spans = [(_render(tok, messages[:i], add_generation_prompt=True), _render(tok, messages[: i + 1]))
-             for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if getattr(tok, "is_fast", False) and all(text.startswith(t) for span in spans for t in span):
+    spans = content_spans(text, messages)
+    if getattr(tok, "is_fast", False):
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        full, starts = enc["input_ids"], [s for s, _ in enc["offset_mapping"]]
-        # a turn's tokens: from the first token starting at its first character to the first after it
-        bounds = [(bisect_left(starts, len(before)), bisect_left(starts, len(upto))) for before, upto in spans]
-    else:
-        full = _ids(tok, text)
-        bounds = [(len(_ids(tok, before)), len(_ids(tok, upto))) for before, upto in spans]
-    mask = [0] * len(full)
-    for start, end in bounds:
-        # Templates may append a separator after the end-of-turn token (ChatML's "\n"); the
-        # turn's own tokens end at its end-of-turn token when it has one.
-        turn = full[start:end]
-        if tok.eos_token_id in turn:
-            end = start + turn.index(tok.eos_token_id) + 1
-        for j in range(start, min(end, len(full))):
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    else:  # a slow tokenizer has no offsets: tokenize the text up to each boundary instead
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        offsets = None
+    starts = [s for s, _ in offsets] if offsets else None
+    ends = [e for _, e in offsets] if offsets else None
+
+    def first_token_ending_after(c: int) -> int:
+        if offsets:
+            return bisect_right(ends, c)
+        return len(tok(text[:c], add_special_tokens=False)["input_ids"])
+
+    def first_token_starting_at(c: int) -> int:
+        if offsets:
+            return bisect_left(starts, c)
+        return len(tok(text[:c], add_special_tokens=False)["input_ids"])
+
+    mask = [0] * len(ids)
+    for k, (i, a, b) in enumerate(spans):
+        if messages[i]["role"] != "assistant":
+            continue
+        limit = first_token_starting_at(spans[k + 1][1]) if k + 1 < len(spans) else len(ids)
+        lo, hi = first_token_ending_after(a), first_token_starting_at(b)
+        # then up to and including the end-of-turn token, if the turn has one before the next message
+        stop_at = next((j for j in range(hi, limit) if ids[j] in stop), None)
+        if stop_at is not None:
+            hi = stop_at + 1
+        for j in range(lo, min(hi, len(ids))):
             mask[j] = 1
-    return full, mask
+    return ids, mask

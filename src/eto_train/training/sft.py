@@ -1,7 +1,9 @@
 """Behavior cloning: TRL's SFTTrainer on expert conversations, loss on assistant tokens only.
 
-The chat template marks assistant turns with ``{% generation %}``; ``assistant_only_loss``
-turns that into labels of -100 everywhere else (system, task, observations, padding).
+The conversations are tokenized here with the template-agnostic assistant mask of
+:mod:`eto_train.training.masks` (the same one DPO uses) and handed to TRL pre-tokenized
+(``input_ids`` + ``assistant_masks``), so any chat template trains: TRL turns the mask into
+labels of -100 on system, task, observations, template scaffolding and padding.
 """
 
 from __future__ import annotations
@@ -9,15 +11,25 @@ from __future__ import annotations
 from typing import Any
 
 from ..records import Episode, to_messages
+from .masks import assistant_token_mask
 
 
-def sft_dataset(episodes: list[Episode], only_success: bool = True):
+def sft_dataset(episodes: list[Episode], tokenizer, only_success: bool = True):
+    """One row per usable trajectory: its token ids and the assistant mask."""
+    convs = [to_messages(ep) for ep in episodes if ep.steps and (ep.success or not only_success)]
+    if not convs:
+        raise ValueError("no usable trajectories for behavior cloning (need successful episodes with steps)")
+    return conversation_dataset(convs, tokenizer)
+
+
+def conversation_dataset(convs: list[list[dict[str, str]]], tokenizer):
+    """Pre-tokenized rows (``input_ids``, ``assistant_masks``) of chat conversations."""
     from datasets import Dataset
 
-    rows = [{"messages": to_messages(ep)} for ep in episodes
-            if ep.steps and (ep.success or not only_success)]
-    if not rows:
-        raise ValueError("no usable trajectories for behavior cloning (need successful episodes with steps)")
+    rows = []
+    for conv in convs:
+        ids, mask = assistant_token_mask(tokenizer, conv)
+        rows.append({"input_ids": ids, "assistant_masks": mask})
     return Dataset.from_list(rows)
 
 
@@ -26,7 +38,7 @@ def sft_config(out_dir: str, train: dict[str, Any], seed: int, report_to: str):
 
     return SFTConfig(
         output_dir=out_dir,
-        assistant_only_loss=True,
+        assistant_only_loss=False,  # the rows carry their own assistant mask (any chat template)
         max_length=train["max_length"],
         per_device_train_batch_size=train["batch_size"],
         gradient_accumulation_steps=train["grad_accum"],
