@@ -15,7 +15,7 @@ DEMO_ARGS ?= eto.iterations=2 'compare.splits=[seen]'
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model bc eval eto-iter eto compare-contrast demo report sweep-table export test bench clean help
+.PHONY: setup experts model bc eval eto-iter eto compare-contrast demo report sweep-table export test rehearse bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -64,6 +64,9 @@ report: setup ## rebuild a finished demo's report.md (ARGS="run_name=...")
 
 test: setup ## the test suite (tiny models, seconds each; two workers, one per core, a module per worker)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 tests
+
+rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small model of its family's real tokenizer (part of make test)
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py
 
 bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
 	$(PY) scripts/bench.py $(ARGS)

@@ -31,9 +31,14 @@ POTATO = "pick_heat_then_place_in_recep-Potato-None-DiningTable-2/trial_T2000010
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
+    return generate_games(tmp_path_factory.mktemp("alfworld"))
+
+
+def generate_games(folder: Path) -> Path:
+    """The three test problems as ALFWorld game files under ``folder/json_2.1.1``."""
     from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
 
-    out = tmp_path_factory.mktemp("alfworld") / "json_2.1.1"
+    out = folder / "json_2.1.1"
     tool = shutil.which("alfworld-generate", path=str(Path(sys.executable).parent)) or shutil.which("alfworld-generate")
     # --end: the script slices its file list with [start:end] and end=-1 would drop the last game
     subprocess.run([sys.executable, tool, "--data_path", str(SRC), "--save_path", str(out),

@@ -103,6 +103,21 @@ def bnb_kwargs(quantization: dict[str, Any], dtype: str) -> dict[str, Any]:
     return kw
 
 
+def check_quantization(quantization: dict[str, Any] | None) -> None:
+    """A clear error, before a stage touches anything, for QLoRA where it cannot run."""
+    if not quantization:
+        return
+    from ..distributed import local_device
+
+    if not local_device().startswith("cuda"):
+        raise RuntimeError("model.quantization (bitsandbytes 4-bit, QLoRA) needs a CUDA GPU; "
+                           "set model.quantization=null on a CPU")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("model.quantization needs bitsandbytes: pip install -e '.[gpu]'") from exc
+
+
 def load_model(path_or_id: str, dtype: str = "float32", trust_remote_code: bool = False,
                device: str = "cpu", quantization: dict[str, Any] | None = None, **kwargs: Any):
     """A causal LM on ``device`` ("auto": this process's GPU, else cpu).
@@ -119,14 +134,8 @@ def load_model(path_or_id: str, dtype: str = "float32", trust_remote_code: bool 
     if device == "auto":
         device = local_device()
     if quantization:
+        check_quantization(quantization)
         device = local_device()
-        if not device.startswith("cuda"):
-            raise RuntimeError("model.quantization (bitsandbytes 4-bit, QLoRA) needs a CUDA GPU; "
-                               "set model.quantization=null on a CPU")
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError as exc:
-            raise ImportError("model.quantization needs bitsandbytes: pip install -e '.[gpu]'") from exc
         from transformers import BitsAndBytesConfig
 
         kwargs.update(quantization_config=BitsAndBytesConfig(**bnb_kwargs(quantization, dtype)),

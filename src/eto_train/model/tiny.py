@@ -1,8 +1,9 @@
 """The offline tiny base model: no download, everything built from the project's own data.
 
 A byte-level BPE tokenizer trained on the expert trajectories' text, a small Llama config and
-a ChatML chat template whose assistant turns sit inside ``{% generation %}`` markers, so that
-TRL's ``assistant_only_loss`` can mask everything but the agent's actions.
+a ChatML chat template. Its assistant turns sit inside ``{% generation %}`` markers, which
+training does not need (training/masks.py works on any template); the tests compare the
+template's own assistant mask with ours.
 
 Written by hand because no library builds a from-scratch chat model for offline use; each
 piece is a standard ``tokenizers``/``transformers`` object saved with ``save_pretrained``.

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from .. import faultpoints
 from ..distributed import is_main, wait_for_manifest, with_grad_accum
-from ..model.load import is_local, load_model, load_tokenizer
+from ..model.load import check_quantization, is_local, load_model, load_tokenizer
 from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
 from ..store import read_episodes
 from ..training.resume import resume_checkpoint
@@ -18,6 +18,7 @@ from ..training.sft import make_trainer, sft_config, sft_dataset
 
 def run(cfg) -> None:
     console = Console(markup=False)
+    check_quantization(cfg.model.get("quantization"))  # before anything is written
     setup_runtime(cfg.runtime.train_threads)
     out = Path(cfg.paths.bc)
     inputs = {"experts": cfg.paths.experts}
