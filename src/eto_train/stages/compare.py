@@ -2,10 +2,11 @@
 
 All variants start from the same BC policy and share one exploration (same data, same seeds).
 A control continues BC with SFT on the same chosen trajectories for the same number of
-optimizer steps as one variant's DPO (``compare.control_of``, the trajectory variant by
-default), so that a gain cannot come from extra training alone. Every policy is evaluated on
-the same held-out seeds; each variant's difference to BC and to the control is reported per
-split, overall and per game, with a paired bootstrap 95% interval and an exact McNemar
+optimizer steps and examples as one variant's DPO (``compare.control_of``, the trajectory
+variant by default), so that a gain cannot come from extra training alone; it trains by the
+bc stage's recipe (LoRA / QLoRA as configured, resumable, merged save). Every policy is
+evaluated on the same held-out seeds; each variant's difference to BC and to the control is
+reported per split, overall and per game, with a paired bootstrap 95% interval and an exact McNemar
 p-value, in a table (JSON + markdown) and a PNG chart.
 """
 
@@ -20,9 +21,13 @@ from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 from rich.table import Table
 
-from ..stage import Stage, setup_runtime, setup_wandb, to_plain
+from ..distributed import grad_accum, is_main, wait_for_manifest, world_size
 from ..evaluation import comparison
+from ..model.load import check_quantization
+from ..pairs import Pair
+from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
 from ..store import write_atomic, write_json
+from ..training.sft import train_sft
 from . import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
@@ -37,28 +42,73 @@ def _with(cfg, **updates):
     return c
 
 
-def sft_control(cfg, policy_path: str, chosen: list[list[dict]], steps: int, out: Path) -> str:
-    """Continue ``policy_path`` with SFT on ``chosen`` conversations for exactly ``steps`` steps."""
-    from ..model.load import load_model, load_tokenizer
-    from ..training.sft import conversation_dataset, make_trainer, sft_config
+def dpo_effective_batch(d: dict[str, Any]) -> int:
+    """Pairs per optimizer step of a DPO run with settings ``d``, over all processes."""
+    return int(d["batch_size"]) * grad_accum(d) * world_size()
 
+
+def control_training(bc: dict[str, Any], d: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The SFT control's hyperparameters: as many optimizer steps (``steps``) of as many sequences
+    as the matched DPO (its effective batch in pairs: the control trains on one chosen side per
+    pair), with the DPO's schedule (lr, scheduler, warmup), sequence length, logging and checkpoint
+    cadence. Memory settings are BC's (the same kind of training): the per-device batch is the
+    largest one up to ``bc.batch_size`` that divides the DPO's batch per process, and gradient
+    accumulation makes up the rest.
+    """
+    eb = dpo_effective_batch(d)
+    per_process = eb // world_size()
+    micro = max(b for b in range(1, min(int(bc["batch_size"]), per_process) + 1) if per_process % b == 0)
+    return {**{k: bc[k] for k in ("weight_decay", "bf16", "gradient_checkpointing", "use_cpu")},
+            **{k: d[k] for k in ("lr", "scheduler", "warmup_ratio", "max_length", "epochs", "logging_steps",
+                                 "save_strategy", "save_steps", "save_total_limit")},
+            "batch_size": micro, "grad_accum": per_process // micro, "effective_batch": eb, "max_steps": steps}
+
+
+def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, out: Path) -> str:
+    """Continue ``policy_path`` with SFT on the chosen sides of one variant's ``vpairs`` for as many
+    optimizer steps and examples as that variant's DPO (in ``variant_dir``) took.
+
+    The same recipe as the bc stage (:func:`eto_train.training.sft.train_sft`): ``model.lora`` /
+    ``model.quantization`` as configured, a killed run resumes from its last checkpoint, and the
+    policy is saved as one plain merged checkpoint.
+    """
+    console = Console(markup=False)
+    check_quantization(cfg.model.get("quantization"))  # before anything is written
     setup_runtime(cfg.runtime.train_threads)
-    d = dpo.hyperparameters(cfg, 1)
-    train = {**to_plain(cfg.bc), "lr": d["lr"], "batch_size": d["batch_size"], "grad_accum": d["grad_accum"],
-             "max_steps": steps, "save_strategy": "no", "scheduler": d["scheduler"], "warmup_ratio": d["warmup_ratio"]}
-    stage = Stage("compare/control", out, {"train": train, "seed": cfg.seed, "conversations": len(chosen)},
-                  inputs={"policy": policy_path})
+    dpo_run = json.loads((variant_dir / "dpo" / "manifest.json").read_text())
+    d, steps = dpo_run["config"]["dpo"], int(dpo_run["metrics"]["optimizer_steps"])
+    train = control_training(to_plain(cfg.bc), d, steps)
+    chosen = [p.prompt + p.chosen for p in vpairs]
+    stage = Stage("compare/control", out, {"model": to_plain(cfg.model), "train": train, "seed": cfg.seed,
+                                           "control_of": variant_dir.name, "conversations": len(chosen)},
+                  inputs={"policy": policy_path, "pairs": variant_dir / "pairs" / "pairs.jsonl"})
     if stage.done():
         return str(out / "model")
-    stage.begin()
-    tok = load_tokenizer(policy_path)
-    trainer = make_trainer(load_model(policy_path, dtype=cfg.model.dtype), tok,
-                           conversation_dataset(chosen, tok),
-                           sft_config(str(out / "checkpoints"), train, cfg.seed, setup_wandb(to_plain(cfg.wandb), out)))
-    result = trainer.train()
-    trainer.model.save_pretrained(out / "model", safe_serialization=True)
-    tok.save_pretrained(out / "model")
-    stage.finish({"optimizer_steps": result.global_step, "train_loss": result.training_loss})
+    resume = stage.begin()  # True: an interrupted run of this config, resumed from its last checkpoint
+    trained = train_sft(chosen, name=stage.name, base=policy_path, out=out, train=train,
+                        model=to_plain(cfg.model), seed=cfg.seed, resume=resume,
+                        report_to=setup_wandb(to_plain(cfg.wandb), out),
+                        trust_remote_code=cfg.trust_remote_code, console=console)
+    if not is_main():  # under accelerate: the main process writes the manifest once the model is saved
+        wait_for_manifest(stage.manifest_path, config_hash(stage.config))
+        return str(out / "model")
+    result, eb = trained.result, train["effective_batch"]
+    metrics = {"train_loss": result.training_loss, "train_seconds": result.metrics["train_runtime"],
+               "optimizer_steps": trained.optimizer_steps, "effective_batch": trained.effective_batch,
+               "examples": trained.examples, "per_device_batch": train["batch_size"],
+               "grad_accum": trained.trainer.args.gradient_accumulation_steps,
+               "control_of": variant_dir.name, "dpo_optimizer_steps": steps, "dpo_effective_batch": eb,
+               "dpo_examples": eb * steps, "conversations": trained.conversations,
+               "lora": bool(cfg.model.get("lora")), "trainable_parameters": trained.trainable_parameters}
+    if trained.resumed_from:  # then train_loss and train_seconds cover the steps after the resume
+        metrics["resumed_from"] = Path(trained.resumed_from).name
+    if (metrics["optimizer_steps"], metrics["examples"]) != (steps, eb * steps):
+        console.print(f"[{stage.name}] WARNING: {metrics['optimizer_steps']} steps of {metrics['effective_batch']} "
+                      f"examples, but the {variant_dir.name} DPO took {steps} steps of {eb}")
+    stage.finish(metrics, output=str(out / "model"))
+    console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {len(chosen)} chosen sides: "
+                  f"{metrics['optimizer_steps']} steps x {metrics['effective_batch']} examples "
+                  f"(as its DPO), loss {metrics['train_loss']:.4f} -> {out / 'model'}")
     return str(out / "model")
 
 
@@ -81,16 +131,16 @@ def run(cfg) -> dict[str, Any]:
     # -- one DPO run per variant, all from BC --------------------------------------------------
     policies = {"bc": bc_policy}
     steps: dict[str, int] = {}
-    chosen_for_control: list[list[dict]] = []
+    control_pairs: list[Pair] = []
     for v in cc.variants:
         vcfg = _with(cfg, **{"eto.pairs.contrast": v})
         vpairs = pairs.run(vcfg, 1, explored, continuations if v != "trajectory" else [], out / v)
         policies[v] = dpo.run(vcfg, 1, bc_policy, vpairs, out / v)
         steps[v] = json.loads((out / v / "dpo" / "manifest.json").read_text())["metrics"]["optimizer_steps"]
         if v == control_of:
-            chosen_for_control = [p.prompt + p.chosen for p in vpairs]
-    if cc.control and chosen_for_control:
-        policies["control"] = sft_control(cfg, bc_policy, chosen_for_control, steps[control_of], out / "control")
+            control_pairs = vpairs
+    if cc.control and control_pairs:
+        policies["control"] = sft_control(cfg, bc_policy, control_pairs, out / control_of, out / "control")
 
     # -- the same held-out seeds for every policy ------------------------------------------------
     splits = list(cc.splits)
