@@ -33,6 +33,9 @@ def main(cfg) -> None:
     if not found:
         raise SystemExit(f"{sweep}: no finished sweep job (no */eto/result.json); run the sweep first")
     splits = list(cfg.eval.splits)
+    if cfg.eto.dev_split is None:
+        raise SystemExit("sweep table: it compares iterations on the dev split, and eto.dev_split is null "
+                         "(the paper's profile); sweep with a profile that has one (eto=cpu)")
     bc_dev = Path(cfg.paths.bc_eval) / cfg.eto.dev_split / "episodes.jsonl"  # paths.base=<the BC run>
     head = ["job (overrides)", "dev success by iteration (BC, 1, 2, ...)", "dev: last iteration vs BC [95% CI], p", "best"]
     head += [f"{s}: best vs BC [95% CI], p" for s in splits]

@@ -53,6 +53,7 @@ def generate_games(folder: Path) -> Path:
 def _cfg(data_dir: Path, **over) -> dict:
     cfg = {**CFG, "data_dir": str(data_dir), "splits": {k: dict(v) for k, v in CFG["splits"].items()}}
     cfg["splits"]["unseen"]["ids"] = None  # the paper's 134 games are not here
+    cfg["dev_holdout"] = 0  # one train game here: nothing to hold out as dev (tests/test_dev_split.py)
     return {**cfg, **over}
 
 
@@ -82,12 +83,15 @@ def test_paper_unseen_list_is_in_the_repo_and_the_config():
 
 
 def test_splits_map_to_alfworld_folds(env):
-    got = {s: [(t.fold, t.game, t.task_id, t.seed) for t in env.tasks(s)] for s in ("train", "seen", "unseen", "dev")}
+    got = {s: [(t.fold, t.game, t.task_id, t.seed) for t in env.tasks(s)] for s in ("train", "seen", "unseen")}
     assert got == {"train": [("train", "pick_heat_then_place_in_recep", POTATO, 0)],
                    "seen": [("valid_seen", "pick_and_place_simple", MUG, 0)],
-                   "unseen": [("valid_unseen", "pick_and_place_simple", APPLE, 0)],
-                   "dev": [("valid_seen", "pick_and_place_simple", MUG, 0)]}
+                   "unseen": [("valid_unseen", "pick_and_place_simple", APPLE, 0)]}
     assert env.max_steps(env.tasks("train")[0]) == 40
+    # no dev split pointing at a test split: the config holds dev games out of train instead
+    assert "dev" not in CFG["splits"] and CFG["dev_holdout"] > 0 and CFG["metric"] == "success_rate"
+    with pytest.raises(KeyError, match="no split 'dev'"):
+        env.tasks("dev")
 
 
 @pytest.mark.parametrize("split", ["train", "seen", "unseen"])

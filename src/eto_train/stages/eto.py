@@ -1,23 +1,106 @@
 """The ETO loop: explore -> pairs -> dpo -> eval on dev, iterated up to a cap.
 
 ``run_iteration`` is one iteration from a given policy (`make eto-iter` continues from the
-latest finished one); ``run`` does behavior cloning if needed, then iterations with early
-stopping on dev success, keeps the best policy and evaluates it on the test splits.
+latest finished one); ``run`` does behavior cloning if needed, then the iterations, and
+evaluates the resulting policy on the test splits (``eval.splits``).
+
+Model selection never looks at a test split. With ``eto.early_stopping: true`` (the CPU
+default) the loop stops at the first iteration whose dev figure does not beat the best so far
+by more than ``eto.min_improvement`` and keeps the best policy (BC when none beats it). The
+figure is the environment's ``env.metric``: ``success_rate``, or ``mean_score`` (average final
+reward, ScienceWorld's metric in the paper). ``eto.dev_split`` must then name a split of the
+environment that is no test split (checked before any work starts, :func:`check_selection`);
+ScienceWorld and ALFWorld carve it from their training tasks (``env.dev_holdout``,
+envs/holdout.py). With ``eto.early_stopping: false`` (the paper: a fixed number of iterations)
+every iteration runs and the last policy is the result; ``eto.dev_split: null`` then skips the
+dev evaluation altogether.
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ..envs import make_env
 from ..evaluation import comparison
+from ..stage import to_plain
 from ..store import write_json
 from . import bc, dpo, experts, explore, model, pairs
 from .evaluate import evaluate_policy
+
+METRICS = ("success_rate", "mean_score")  # env.metric: the dev figure that selects and stops
+TEST_NAMES = ("seen", "unseen")  # with test*: the project's test splits, never a dev split
+
+
+@dataclass(frozen=True)
+class Selection:
+    dev_split: str | None  # None: no dev evaluation
+    metric: str  # a key of evaluate()'s "overall" metrics
+    early_stopping: bool  # False: every iteration runs, the last policy is the result
+    min_improvement: float
+
+    def to_dict(self) -> dict[str, Any]:
+        rule = (f"the best {self.metric} on {self.dev_split} (BC included), stopping at the first iteration that does "
+                f"not beat it by more than {self.min_improvement}" if self.early_stopping
+                else "none: a fixed number of iterations, the last policy is the result")
+        return {"dev_split": self.dev_split, "metric": self.metric, "early_stopping": self.early_stopping,
+                "min_improvement": self.min_improvement, "rule": rule}
+
+
+def _is_test_name(split: str) -> bool:
+    return split in TEST_NAMES or split.startswith("test")
+
+
+def check_selection(cfg, loop: bool = True) -> Selection:
+    """The selection settings, checked; errors name the key. ``loop``: for `make eto` (early
+    stopping needs a dev split); `make eto-iter` selects nothing and only checks a dev split it is given."""
+    metric = cfg.env.get("metric", "success_rate")
+    if metric not in METRICS:
+        raise ValueError(f"env.metric={metric!r}: the dev figure for model selection must be one of {list(METRICS)}")
+    early = cfg.eto.get("early_stopping", True)
+    if not isinstance(early, bool):
+        raise ValueError(f"eto.early_stopping={early!r}: expected true or false")
+    dev = cfg.eto.get("dev_split")
+    sel = Selection(dev, metric, early, float(cfg.eto.get("min_improvement", 0.0)))
+    if dev is None:
+        if loop and early:
+            raise ValueError("eto.dev_split is null but eto.early_stopping is true: early stopping selects on a dev "
+                             "split (set eto.dev_split=dev with env.dev_holdout > 0, or eto.early_stopping=false)")
+        return sel
+    test_splits = [str(s) for s in cfg.eval.splits]
+    if dev in test_splits:
+        raise ValueError(f"eto.dev_split={dev!r} is one of eval.splits={test_splits}: model selection must not "
+                         f"look at a test split (use a dev split held out of training, env.dev_holdout)")
+    if _is_test_name(dev):
+        raise ValueError(f"eto.dev_split={dev!r} names a test split (seen, unseen, test*): model selection must "
+                         f"not look at a test split (use a dev split held out of training, env.dev_holdout)")
+    train_split = cfg.eto.explore.split
+    if dev == train_split:
+        raise ValueError(f"eto.dev_split={dev!r} is the split ETO explores (eto.explore.split): a dev split must be "
+                         f"held out of training")
+    env = make_env(to_plain(cfg.env))
+    try:
+        try:
+            dev_tasks = env.tasks(dev)
+        except KeyError:
+            raise ValueError(f"eto.dev_split={dev!r}: the environment has no such split (env.splits: "
+                             f"{sorted(cfg.env.splits)}; env.dev_holdout > 0 holds a 'dev' split out of the training "
+                             f"tasks)") from None
+        if not dev_tasks:
+            raise ValueError(f"eto.dev_split={dev!r}: the split has no tasks")
+        ids = {t.task_id for t in dev_tasks}
+        for other in dict.fromkeys([*test_splits, train_split, "train"]):
+            shared = ids & {t.task_id for t in env.tasks(other)}
+            if shared:
+                raise ValueError(f"eto.dev_split={dev!r} shares {len(shared)} tasks with the split {other!r} "
+                                 f"(e.g. {sorted(shared)[:3]}): a dev split must be disjoint from training and test")
+    finally:
+        env.close()
+    return sel
 
 
 def iteration_dir(cfg, k: int) -> Path:
@@ -32,17 +115,38 @@ def latest_policy(cfg) -> tuple[int, str]:
     return k, (str(iteration_dir(cfg, k) / "dpo" / "model") if k else str(Path(cfg.paths.bc) / "model"))
 
 
-def run_iteration(cfg, k: int, policy_path: str) -> dict[str, Any]:
+def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = None) -> dict[str, Any]:
+    """One iteration from ``policy_path``; its policy is evaluated on the dev split, if one is set."""
+    sel = selection or check_selection(cfg, loop=False)
     out = iteration_dir(cfg, k)
     explored, continuations = explore.run(cfg, k, policy_path, out)
     pair_list = pairs.run(cfg, k, explored, continuations, out)
     new_policy = dpo.run(cfg, k, policy_path, pair_list, out)
-    dev = evaluate_policy(cfg, new_policy, f"iter{k}", [cfg.eto.dev_split], out / "eval")[cfg.eto.dev_split]
+    dev = None
+    if sel.dev_split is not None:
+        dev = evaluate_policy(cfg, new_policy, f"iter{k}", [sel.dev_split], out / "eval")[sel.dev_split]["overall"]
     summary = {"iteration": k, "policy": new_policy, "started_from": policy_path,
                "explore_success": sum(e.success for e in explored) / max(1, len(explored)),
-               "pairs": len(pair_list), "dev": dev["overall"]}
+               "pairs": len(pair_list), "dev_split": sel.dev_split, "dev": dev}
     write_json(out / "summary.json", summary)
     return summary
+
+
+def select(history: list[dict[str, Any]], sel: Selection) -> tuple[dict[str, Any], bool]:
+    """(the policy kept among ``history`` so far, whether the loop stops after its last entry).
+
+    ``history[0]`` is BC. Without early stopping the last entry is kept and the loop goes on;
+    with it, the best dev ``sel.metric`` is kept and the loop stops at the first entry that does
+    not beat the best before it by more than ``sel.min_improvement``."""
+    if not sel.early_stopping:
+        return history[-1], False
+    best = history[0]
+    for h in history[1:]:
+        if h["dev"][sel.metric] > best["dev"][sel.metric] + sel.min_improvement:
+            best = h
+        else:
+            return best, True
+    return best, False
 
 
 def prepare_bc(cfg) -> None:
@@ -51,26 +155,33 @@ def prepare_bc(cfg) -> None:
     bc.run(cfg)
 
 
+def _fmt(metric: str, value: float) -> str:
+    return f"{100 * value:.1f}%" if metric == "success_rate" else f"{value:.3f}"
+
+
 def run(cfg) -> dict[str, Any]:
     console = Console(markup=False)
+    sel = check_selection(cfg)  # before any work: a bad selection setting must not cost a BC run
+    metric, dev_split = sel.metric, sel.dev_split
     prepare_bc(cfg)
     bc_policy = str(Path(cfg.paths.bc) / "model")
-    dev_split, test_splits = cfg.eto.dev_split, list(cfg.eval.splits)
+    test_splits = list(cfg.eval.splits)
     # BC on dev (the baseline for early stopping) and on the test splits (the paired baseline)
-    bc_res = evaluate_policy(cfg, bc_policy, "bc", [dev_split, *test_splits], Path(cfg.paths.bc_eval))
-    history = [{"iteration": 0, "policy": bc_policy, "dev": bc_res[dev_split]["overall"]}]
+    bc_res = evaluate_policy(cfg, bc_policy, "bc", [*([dev_split] if dev_split else []), *test_splits],
+                             Path(cfg.paths.bc_eval))
+    history = [{"iteration": 0, "policy": bc_policy, "dev_split": dev_split,
+                "dev": bc_res[dev_split]["overall"] if dev_split else None}]
     best, policy = history[0], bc_policy
     for k in range(1, cfg.eto.iterations + 1):
-        summary = run_iteration(cfg, k, policy)
+        summary = run_iteration(cfg, k, policy, sel)
         history.append(summary)
         policy = summary["policy"]
-        if summary["dev"]["success_rate"] > best["dev"]["success_rate"] + cfg.eto.min_improvement:
-            best = summary
-        else:
-            console.print(f"[eto] iteration {k}: dev success {summary['dev']['success_rate']:.3f} does not beat "
-                          f"{best['dev']['success_rate']:.3f} + {cfg.eto.min_improvement}: stopping")
+        best, stop = select(history, sel)
+        if stop:
+            console.print(f"[eto] iteration {k}: dev {metric} {_fmt(metric, summary['dev'][metric])} does not beat "
+                          f"{_fmt(metric, best['dev'][metric])} + {sel.min_improvement}: stopping")
             break
-    if best["iteration"] == 0:  # no iteration beat BC on dev: BC's own test evaluation stands
+    if best["iteration"] == 0:  # no iteration beat BC on dev (or none ran): BC's own test evaluation stands
         best_eval, test = Path(cfg.paths.bc_eval), {s: bc_res[s] for s in test_splits}
     else:
         best_eval = Path(cfg.paths.run) / "eval" / "eto_best"
@@ -80,24 +191,32 @@ def run(cfg) -> dict[str, Any]:
         rows = comparison({"bc": Path(cfg.paths.bc_eval) / split / "episodes.jsonl",
                            "best": best_eval / split / "episodes.jsonl"}, cfg.compare.bootstrap, cfg.seed)["best"]
         vs_bc[split] = {**rows["vs_bc"], "per_game": {g: r["vs_bc"] for g, r in rows["per_game"].items()}}
+    # best_*: the policy the loop returns (with early stopping the best on dev, else the last one)
     result = {"best_iteration": best["iteration"], "best_policy": best["policy"], "best_eval": str(best_eval),
-              "history": history,
+              "selection": sel.to_dict(), "history": history,
               "test": {s: r["overall"] for s, r in test.items()},
               "bc_test": {s: bc_res[s]["overall"] for s in test_splits}, "best_vs_bc": vs_bc}
     write_json(Path(cfg.paths.eto) / "result.json", result)
-    t = Table(title=f"ETO on {dev_split} (best: iteration {best['iteration']})")
-    for col in ("iteration", "dev success [95% CI]", "score", "pairs"):
+    how = (f"selected by dev {metric}, best: iteration {best['iteration']}" if sel.early_stopping
+           else f"no selection: the last iteration ({best['iteration']}) is the result")
+    t = Table(title=f"ETO on {dev_split} ({how})" if dev_split else f"ETO without a dev split ({how})")
+    mark = {m: f" ({'selects' if sel.early_stopping else 'env.metric'})" if m == metric else "" for m in METRICS}
+    for col in ("iteration", f"dev success_rate [95% CI]{mark['success_rate']}", f"dev mean_score{mark['mean_score']}",
+                "pairs"):
         t.add_column(col)
     for h in history:
         m = h["dev"]
-        t.add_row(str(h["iteration"]), f"{100 * m['success_rate']:.1f}% [{100 * m['success_ci95'][0]:.1f}, "
-                  f"{100 * m['success_ci95'][1]:.1f}] (n={m['scored_episodes']})", f"{m['mean_score']:.3f}",
-                  str(h.get("pairs", "-")))
+        cells = ["-", "-"] if m is None else [
+            f"{100 * m['success_rate']:.1f}% [{100 * m['success_ci95'][0]:.1f}, {100 * m['success_ci95'][1]:.1f}] "
+            f"(n={m['scored_episodes']})", f"{m['mean_score']:.3f}"]
+        t.add_row(str(h["iteration"]), *cells, str(h.get("pairs", "-")))
     console.print(t)
     for split, d in vs_bc.items():
-        console.print(f"[eto] {split}: best iteration {best['iteration']} "
+        now, then = result["test"][split]["mean_score"], result["bc_test"][split]["mean_score"]
+        score = f" (mean score {now:.3f} vs {then:.3f})" if metric == "mean_score" else ""
+        console.print(f"[eto] {split}: iteration {best['iteration']} "
                       f"{100 * result['test'][split]['success_rate']:.1f}% vs BC "
-                      f"{100 * result['bc_test'][split]['success_rate']:.1f}%, paired difference "
+                      f"{100 * result['bc_test'][split]['success_rate']:.1f}%{score}, paired difference in success "
                       f"{100 * d['diff']:+.1f} [{100 * d['diff_ci95'][0]:+.1f}, {100 * d['diff_ci95'][1]:+.1f}] "
                       f"(n={d['n']}, McNemar p={d['mcnemar_p']:.3f})")
         for game, g in d["per_game"].items():

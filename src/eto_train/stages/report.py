@@ -175,6 +175,9 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
 
 
 def run(cfg) -> Path:
+    if cfg.eto.dev_split is None:
+        raise ValueError("make report: the report plots every iteration on the dev split, and this run has none "
+                         "(eto.dev_split: null, the paper's profile: no selection); evaluate iterations with make eval")
     run_dir = Path(cfg.paths.run)
     rep = build(cfg)
     iteration_plot(rep["eto"]["history"], run_dir / "success_vs_iteration.png", cfg.eto.dev_split)

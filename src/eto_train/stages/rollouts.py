@@ -89,7 +89,9 @@ class Rollouts:
         work = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
         # The work list's hash names the tasks played; the other splits' definitions are left out
         # so that adding a held-out split does not invalidate (and replay) every evaluation.
-        env_scope = {k: v for k, v in self.env_cfg.items() if k != "splits"}
+        # the work hash lists the tasks: how splits are drawn (splits, dev_holdout) and how dev
+        # is scored (metric) do not change an episode
+        env_scope = {k: v for k, v in self.env_cfg.items() if k not in ("splits", "dev_holdout", "metric")}
         stage = Stage(name, out, {"env": env_scope, "prompt": to_plain(self.cfg.prompt), "seed": self.cfg.seed,
                                   "sampling": self.sampling, "policy": self.ref.id,
                                   "work": config_hash([w.key(self.ref.id, self.cfg.seed) for w in work]),
