@@ -34,12 +34,22 @@ def _alfworld(**cfg: Any) -> Environment:
     return ALFWorldEnv(**cfg)
 
 
+@register("webshop")
+def _webshop(**cfg: Any) -> Environment:
+    from .webshop import WebShopEnv
+    return WebShopEnv(**cfg)
+
+
 def make_env(cfg: dict[str, Any]) -> Environment:
     """Build one environment instance from an ``env`` config section (a plain dict)."""
     name = cfg.get("name")
     if name not in _REGISTRY:
         raise KeyError(f"env.name: unknown environment {name!r}; registered: {sorted(_REGISTRY)}")
-    env = _REGISTRY[name](**{k: v for k, v in cfg.items() if k != "faults"})
+    from .holdout import check_dev_config, wrap_holdout
+    check_dev_config(cfg)  # env.dev_holdout / env.splits.dev, before a simulator starts
+    # keys of the wrappers and of model selection (env.metric, read by stages/eto.py), not the adapter's
+    env = _REGISTRY[name](**{k: v for k, v in cfg.items() if k not in ("faults", "dev_holdout", "metric")})
+    env = wrap_holdout(env, cfg)  # env.dev_holdout > 0: a dev split held out of train, see envs/holdout.py
     if cfg.get("faults"):  # env.faults: fault injection (all rates 0 = off), see envs/faults.py
         from .faults import wrap_faults
         env = wrap_faults(env, cfg["faults"])
