@@ -56,11 +56,12 @@ def test_export_drops_fields_and_redacts_secrets(tmp_path, store, fmt):
     assert store.read_bytes() == raw  # the raw store is never touched
 
 
-def test_export_of_pairs_keeps_the_pair_format(tmp_path):
+def test_export_of_pairs_as_full_records(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     write_jsonl(pairs, [make_pair(rejected=[{"role": "assistant", "content": f"Action: type {SECRET}"}])])
     out = tmp_path / "pairs_export.jsonl"
-    export_training_data([pairs], out, {"drop_fields": ["rejected_policy"], "redact_patterns": [r"sk-\w{20,}"]})
+    export_training_data([pairs], out, {"format": "episodes", "drop_fields": ["rejected_policy"],
+                                        "redact_patterns": [r"sk-\w{20,}"]})
     (row,) = _rows(out)
     assert "rejected_policy" not in row and row["rejected"][0]["content"] == "Action: type [REDACTED]"
 

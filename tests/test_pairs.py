@@ -60,6 +60,31 @@ def test_rejected_is_cut_to_expert_length_plus_five_turns_and_ends_on_an_action(
     assert len(actions_of(trajectory_pair(EXPERT, short).rejected)) == 1
 
 
+def test_alfworld_rule_keeps_the_rejected_whole_and_a_winning_agent_is_never_cut():
+    loop = ep(["a"] + ["x"] * 19, 0.0, policy="pi@1", status="max_steps")
+    assert len(actions_of(trajectory_pair(EXPERT, loop, extra_turns=None).rejected)) == 20
+    # the authors' construct_preference.py: an agent that beats the expert is chosen whole
+    long_win = ep(["a"] * 12, 1.0, policy="pi@1", status="success")
+    weak_expert = ep(["a", "b"], 0.5, status="failure")
+    p = trajectory_pair(weak_expert, long_win, extra_turns=5)
+    assert p.chosen_policy == "pi@1" and len(actions_of(p.chosen)) == 12 and len(actions_of(p.rejected)) == 2
+
+
+def test_paper_opening_is_prompt_not_completion():
+    """With the paper's opening (instruction turn answered "OK"), the prompt is the instruction,
+    "OK" and the task, as the authors' pairs; the completions start on the first action."""
+    e, a = ep(["a", "b"], 1.0), ep(["a", "x"], 0.0, policy="pi@1")
+    for x in (e, a):
+        x.opening = "instruction_ok"
+    p = trajectory_pair(e, a)
+    assert p.prompt == [{"role": "user", "content": "SYS"}, {"role": "assistant", "content": "OK"},
+                        {"role": "user", "content": "TASK+OBS0"}]
+    assert p.chosen[0] == {"role": "assistant", "content": "Action: a"}
+    s = step_pair(e, a, 1)
+    assert s.prompt[:3] == p.prompt and s.prompt[-1] == {"role": "user", "content": "obs1"}
+    assert step_pair(e, ep(["y", "x"], 0.0, policy="pi@1"), 0).prompt == p.prompt
+
+
 def test_rejected_can_end_on_its_first_divergent_action():
     agent = ep(["a", "x", "y", "y", "y"], 0.0, policy="pi@1", status="max_steps")
     p = trajectory_pair(EXPERT, agent, rejected_cut="first_divergence")

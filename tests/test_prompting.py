@@ -29,3 +29,82 @@ def test_format_action_round_trips_through_the_parser():
 def test_system_message_names_the_action_forms():
     msg = system_message(PromptConfig(), ["take <object>", "look around"])
     assert msg["role"] == "system" and "take <object>; look around" in msg["content"]
+
+
+# -- the paper's prompt: instruction answered "OK", one-shot example, "Observation: " prefix ------
+PAPER_LIKE = PromptConfig(system="Do the task. Braces {{x}} stay.", opening="instruction_ok",
+                          task_template="{task}", observation_template="Observation: {observation}",
+                          example=[{"role": "user", "content": "Example task"},
+                                   {"role": "assistant", "content": "Thought: t\nAction: go"},
+                                   {"role": "user", "content": "Observation: ex obs"},
+                                   {"role": "assistant", "content": "Action: go"}], version="paper-like")
+
+
+def test_rollout_sees_opening_example_and_task_and_the_record_keeps_no_example():
+    """As the authors' prompt_with_icl with one example: [instruction, OK, example turns, task];
+    the episode record (BC and pair data) keeps the opening and the task, not the example."""
+    from test_faults import GoalEnv
+
+    from eto_train.records import PolicyRef, to_messages
+    from eto_train.rollout import RolloutConfig, run_rollouts
+
+    seen = []
+
+    class Go:
+        def generate(self, convs):
+            seen.append([dict(m) for m in convs[0]])
+            return [("Thought: onwards\nAction: go", 10, 3, 0) for _ in convs]
+
+    eps = []
+    run_rollouts([(GoalEnv().tasks("train")[0], 0)], GoalEnv, Go(), PolicyRef(id="p@0"), PAPER_LIKE,
+                 RolloutConfig(batch_size=1), on_episode=eps.append)
+    first, last = seen[0], seen[-1]
+    assert [m["content"] for m in first] == ["Do the task. Braces {x} stay.", "OK", "Example task",
+                                              "Thought: t\nAction: go", "Observation: ex obs", "Action: go",
+                                              "Reach goal 0."]
+    assert [m["role"] for m in first] == ["user", "assistant"] * 3 + ["user"]
+    assert last[-1] == {"role": "user", "content": "Observation: step 2"}
+    (ep,) = eps
+    assert ep.success and ep.opening == "instruction_ok" and ep.steps[0].observation == "Observation: step 1"
+    assert [m["content"] for m in to_messages(ep)][:4] == ["Do the task. Braces {x} stay.", "OK", "Reach goal 0.",
+                                                         "Thought: onwards\nAction: go"]
+
+
+def test_expert_episodes_carry_the_same_opening_and_observation_turns():
+    from test_faults import GoalEnv
+
+    from eto_train.experts import expert_episode
+
+    env = GoalEnv()
+    ep = expert_episode(env, env.tasks("train")[0], PAPER_LIKE)
+    assert ep.success and ep.opening == "instruction_ok" and ep.system == "Do the task. Braces {x} stay."
+    assert [s.observation for s in ep.steps] == ["Observation: step 1", "Observation: step 2", "Observation: step 3"]
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"opening": "chat"}, r"prompt.opening: 'chat' is not one of"),
+    ({"observation_template": "{obs}"}, r"prompt.observation_template: .* not a template"),
+    ({"example": [{"role": "assistant", "content": "x"}]}, r"prompt.example\[0\].role: 'assistant', expected 'user'"),
+    ({"example": [{"role": "user", "content": "x"}]}, r"prompt.example: must end on an assistant turn"),
+])
+def test_bad_prompt_settings_name_the_key(kw, message):
+    with pytest.raises(ValueError, match=message):
+        PromptConfig(**kw)
+
+
+@pytest.mark.parametrize("name", ["react", "sciworld_eto", "alfworld_eto", "webshop_eto"])
+def test_prompt_profiles_load_and_render(name):
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from eto_train.prompting import rollout_context
+
+    cfg = PromptConfig(**OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "configs/prompt" / f"{name}.yaml")))
+    text = system_message(cfg, ["go"])["content"]
+    ctx = rollout_context(cfg, text, "the task")
+    assert ctx[-1] == {"role": "user", "content": "the task"}
+    if name != "react":  # the authors' instruction, verbatim (braces undoubled), answered "OK", one example
+        assert ctx[1] == {"role": "assistant", "content": "OK"} and len(cfg.example) >= 8
+        assert "{{" not in text and ("{obj}" in text) == (name == "alfworld_eto")
+        assert all(parse_action(m["content"]) for m in cfg.example if m["role"] == "assistant")

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from eto_train.records import Episode, RecordError, from_eto, to_eto, to_messages
+from eto_train.eto_format import from_eto, to_eto
+from eto_train.records import Episode, RecordError, to_messages
 from eto_train.store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_atomic
 
 
@@ -41,13 +42,14 @@ def test_to_messages_alternates_and_ends_on_an_action(expert_episodes):
 def test_eto_format_export_and_import(expert_episodes):
     ep = expert_episodes[0]
     eto = to_eto(ep)
-    assert [t["from"] for t in eto["conversations"]][:2] == ["human", "gpt"]
-    assert eto["conversations"][0]["value"].startswith(ep.system)
+    assert [t["from"] for t in eto["conversations"]][:3] == ["human", "gpt", "human"]
+    assert [t["value"] for t in eto["conversations"]][:2] == [ep.system, "OK"]  # the authors' opening
     back = from_eto(json.loads(json.dumps(eto)))
     assert [s.action for s in back.steps] == [s.action for s in ep.steps]
     assert back.success and back.final_score == pytest.approx(1.0)
-    # the imported conversation renders to the same turns, the system text folded into turn 1
-    assert [m["content"] for m in to_messages(back)][1:] == [m["content"] for m in to_messages(ep)][2:]
+    # the imported conversation renders to the same turns, the system turn as the paper's opening
+    assert back.opening == "instruction_ok" and back.system == ep.system
+    assert [m["content"] for m in to_messages(back)][2:] == [m["content"] for m in to_messages(ep)][1:]
 
 
 @pytest.mark.parametrize("obj, message", [

@@ -119,3 +119,49 @@ def test_qlora_experiment_stops_with_a_clear_error_before_writing(name, fixtures
     with pytest.raises(RuntimeError, match=r"model.quantization .* needs a CUDA GPU"):
         bc.run(cfg)
     assert not Path(cfg.paths.bc).exists()
+
+
+def released_sft_file(cfg, path: Path) -> Path:
+    """A file in the authors' released SFT schema for this config's training tasks, written here
+    (never their data): the gold paths played through the environment, each action with a
+    written thought, after the instruction turn and "OK"; plus one entry of no task."""
+    from eto_train.envs import make_env
+    from eto_train.experts import expert_episode
+    from eto_train.prompting import PromptConfig
+    from eto_train.stage import to_plain
+
+    env, prompt = make_env(to_plain(cfg.env)), PromptConfig(**to_plain(cfg.prompt))
+    entries = []
+    try:
+        for task in env.tasks("train"):
+            ep = expert_episode(env, task, prompt)
+            conv = [{"from": "human", "value": ep.system}, {"from": "gpt", "value": "OK"},
+                    {"from": "human", "value": ep.first_user}]
+            for s in ep.steps:
+                conv += [{"from": "gpt", "value": f"Thought: next I should {s.action}.\nAction: {s.action}"},
+                         {"from": "human", "value": s.observation}]
+            entries.append({"id": task.task_id, "conversations": conv[:-1]})
+    finally:
+        env.close()
+    entries.append({"id": "99_0", "conversations": entries[0]["conversations"]})
+    path.write_text(json.dumps(entries, indent=4))
+    return path
+
+
+def test_paper_run_on_experts_imported_from_the_released_layout(fixtures, tmp_path):
+    from eto_train.store import read_episodes
+
+    base = overrides("sciworld_llama2_7b", fixtures, None, tmp_path)
+    source = released_sft_file(_compose(base), tmp_path / "sciworld_sft.json")
+    out = rehearse(base + [f"experts.source={source}"])
+    check_run(out)
+    cfg = out["cfg"]
+    (ep,) = read_episodes(cfg.paths.experts)
+    assert ep.opening == "instruction_ok" and ep.system.startswith("You are a helpful assistant to do some scientific")
+    assert ep.steps[0].raw_output.startswith("Thought: next I should") and ep.env_version.startswith("imported")
+    manifest = json.loads((Path(cfg.paths.experts).parent / "manifest.json").read_text())
+    assert manifest["metrics"]["imported"] == 1 and manifest["metrics"]["unmatched_ids"] == ["99_0"]
+    # the pairs train on the imported expert: its thoughts are the chosen side
+    pair = json.loads((Path(cfg.paths.eto) / "iter1" / "pairs" / "pairs.jsonl").read_text().splitlines()[0])
+    assert pair["chosen"][0]["content"] == ep.steps[0].raw_output
+    assert [m["content"] for m in pair["prompt"]] == [ep.system, "OK", ep.first_user]

@@ -4,6 +4,8 @@ Every reader names the file, the line (or list item) and the field of a bad reco
 nothing here writes over an input: outputs are whole files written atomically.
 
 - :func:`read_eto_file`: ETO's released trajectories (a JSON list, or JSON Lines).
+- :func:`read_eto_pairs`: pairs in the authors' layout (``construct_preference.py``).
+- :func:`import_experts`: the authors' SFT file as expert episodes of this environment's tasks.
 - :func:`read_pairs` / :func:`pair_from_dict`: a pairs file as ``stages.pairs`` writes it.
 - :func:`check_pairs_policy`: the pairs were explored by the DPO reference policy.
 - :func:`export_training_data`: episodes or pairs for training, with fields dropped and
@@ -21,8 +23,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .pairs import Pair
-from .records import NOT_POLICY_FAULT, Episode, RecordError, from_eto, to_eto, to_messages
-from .store import read_jsonl, write_jsonl
+from .eto_format import bind_task, eto_id, from_eto, match_task, pair_from_eto, pair_to_eto, task_index, to_eto
+from .records import NOT_POLICY_FAULT, Episode, RecordError, to_messages
+from .store import read_jsonl, write_atomic, write_jsonl
 
 ROLES = ("system", "user", "assistant")
 PAIR_KINDS = ("trajectory", "step", "self")
@@ -77,6 +80,53 @@ def read_eto_file(path: str | os.PathLike, env: str = "eto-import", split: str =
             out.append(from_eto(obj, env=env, split=split))
         except (ValueError, TypeError, KeyError) as exc:
             raise RecordError(f"{where}: not an ETO trajectory: {exc}") from None
+    return out
+
+
+def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tuple[list[Episode], dict[str, Any]]:
+    """Expert episodes from the authors' SFT file, each bound to the training task it belongs to.
+
+    Every entry is checked first (a malformed one names file, line and item); entries whose id
+    matches no task of ``tasks`` are reported, not imported; a second entry for a task is
+    reported and skipped. Raises when no entry matches any task.
+    """
+    index = task_index(tasks)
+    episodes, unmatched, duplicates, seen = [], [], [], set()
+    total = 0
+    for where, obj in _json_items(Path(path)):
+        total += 1
+        try:
+            ep = from_eto(obj)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RecordError(f"{where}: not an ETO trajectory: {exc}") from None
+        task = match_task(obj, index)
+        if task is None:
+            unmatched.append(str(obj.get("game_file", obj.get("id"))))
+            continue
+        if task.task_id in seen:
+            duplicates.append(task.task_id)
+            continue
+        seen.add(task.task_id)
+        episodes.append(bind_task(ep, task, env_version))
+    if not episodes:
+        raise RecordError(f"{path}: none of its {total} trajectories matches a task of the training split "
+                          f"({len(tasks)} tasks, ids like {tasks[0].task_id if tasks else '-'}; the file's "
+                          f"ids: {unmatched[:3]}): is it the file of another environment?")
+    report = {"source": str(path), "entries": total, "imported": len(episodes),
+              "unmatched": len(unmatched), "unmatched_ids": unmatched[:20],
+              "duplicates": len(duplicates), "duplicate_ids": duplicates[:20],
+              "tasks_without_expert": len(tasks) - len(episodes)}
+    return episodes, report
+
+
+def read_eto_pairs(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Pairs in the authors' layout as ``{id, prompt, chosen, rejected}`` chat messages."""
+    out = []
+    for where, obj in _json_items(Path(path)):
+        try:
+            out.append(pair_from_eto(obj))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RecordError(f"{where}: not an ETO preference pair: {exc}") from None
     return out
 
 
@@ -171,7 +221,7 @@ def check_pairs_policy(pairs: Iterable[Pair], reference_id: str, source: str = "
 
 
 # -- export for training --------------------------------------------------------------------
-EXPORT_FORMATS = ("eto", "messages", "episodes")
+EXPORT_FORMATS = ("eto", "messages", "episodes")  # the authors' layouts | chat messages (TRL) | full records
 
 
 @dataclass
@@ -196,13 +246,33 @@ class ExportConfig:
                 raise ValueError(f"export.redact_patterns[{i}]: invalid regex {p!r}: {exc}") from None
 
 
-def _episode_record(ep: Episode, fmt: str) -> dict[str, Any]:
+def _episode_record(ep: Episode, fmt: str, id: str) -> dict[str, Any]:
     if fmt == "eto":
-        return to_eto(ep)
+        return to_eto(ep, id=id)
     if fmt == "messages":
-        return {"id": ep.episode_id, "task_id": ep.task_id, "messages": to_messages(ep),
+        return {"id": id, "task_id": ep.task_id, "messages": to_messages(ep),
                 "reward": ep.final_score, "success": ep.success}
     return ep.to_dict()
+
+
+def _pair_record(pair: Pair, fmt: str, id: str) -> dict[str, Any]:
+    if fmt == "eto":  # the authors' construct_preference.py layout, read by their train_dpo.py
+        return pair_to_eto(pair, id=id)
+    if fmt == "messages":  # TRL's conversational preference format
+        return {"id": id, "prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected}
+    return pair.to_dict()
+
+
+def _distinct_ids(keys: list[str]) -> list[str]:
+    """Each record's id: its task's id, suffixed ``-<n>`` from the second record of a task on
+    (the authors' tools key on the first; no two records share an id)."""
+    seen: dict[str, int] = {}
+    out = []
+    for k in keys:
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        out.append(k if n == 0 else f"{k}-{n}")
+    return out
 
 
 def _drop(obj: Any, parts: list[str]) -> bool:
@@ -235,17 +305,21 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
     """Write episodes (or pairs) from ``inputs`` to ``output`` for training; returns a report.
 
     Episodes with a status in ``skip_statuses`` (default: not the policy's fault) are left out.
-    Episode files become the chosen ``format``; pairs files keep the pair format. Then every
+    Episodes and pairs become the chosen ``format``: ``eto``, the authors' layouts (SFT
+    conversations with the instruction/"OK" opening; pairs as ``{id, prompt, chosen,
+    rejected}`` of ShareGPT turns); ``messages``, chat messages (TRL's formats); ``episodes``,
+    the full records. Ids are distinct (see :func:`_distinct_ids`). Then every
     ``drop_fields`` path is removed and every ``redact_patterns`` match in any text is replaced.
     A drop path that matches no field of any record is an error (a typo must not leak a field).
-    The output is written atomically and may not be one of the inputs.
+    The output is written atomically and may not be one of the inputs; a ``.json`` output is a
+    JSON list (the authors' files), anything else JSON Lines.
     """
     cfg = cfg if isinstance(cfg, ExportConfig) else ExportConfig(**(cfg or {}))
     paths = [Path(p) for p in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
     out = Path(output)
     if any(out.resolve() == p.resolve() for p in paths):
         raise ValueError(f"export.output: {out} is also an input; the export never writes over its source")
-    rows: list[dict[str, Any]] = []
+    records: list[Episode | Pair] = []
     skipped: dict[str, int] = {}
     read = 0
     for path in paths:
@@ -253,7 +327,7 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
             read += 1
             try:
                 if isinstance(obj, dict) and "pair_id" in obj:
-                    rows.append(pair_from_dict(obj).to_dict())
+                    records.append(pair_from_dict(obj))
                     continue
                 ep = Episode.from_dict(obj)
             except (ValueError, TypeError, KeyError) as exc:
@@ -261,7 +335,10 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
             if ep.status in cfg.skip_statuses:
                 skipped[ep.status] = skipped.get(ep.status, 0) + 1
                 continue
-            rows.append(_episode_record(ep, cfg.format))
+            records.append(ep)
+    ids = _distinct_ids([eto_id(r) if isinstance(r, Episode) else r.task_id for r in records])
+    rows = [_pair_record(r, cfg.format, i) if isinstance(r, Pair) else _episode_record(r, cfg.format, i)
+            for r, i in zip(records, ids)]
     matched = [False] * len(cfg.drop_fields)
     for r in rows:
         for i, f in enumerate(cfg.drop_fields):
@@ -272,7 +349,10 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
                          f"(format {cfg.format!r}); nothing was written")
     counts = [0] * len(cfg._compiled)
     rows = [_redact(r, cfg._compiled, cfg.replacement, counts) for r in rows]
-    write_jsonl(out, rows)
+    if out.suffix == ".json":  # a JSON list, as the authors' files (their trainers json.load them)
+        write_atomic(out, json.dumps(rows, ensure_ascii=False, indent=2) + "\n")
+    else:
+        write_jsonl(out, rows)
     return {"inputs": [str(p) for p in paths], "output": str(out), "records_read": read, "exported": len(rows),
             "skipped": skipped, "dropped_fields": list(cfg.drop_fields),
             "redactions": dict(zip(cfg.redact_patterns, counts))}

@@ -7,10 +7,20 @@ cloning, pair building and evaluation read one format.
 from __future__ import annotations
 
 from .envs.base import Environment, Task
-from .prompting import PromptConfig, first_user_message, format_action, system_message
-from .records import Episode, PolicyRef, Step, episode_key
+from .prompting import PromptConfig, first_user_message, format_action, render_observation, system_message
+from .records import NOT_POLICY_FAULT, Episode, PolicyRef, Step, episode_key
 
 EXPERT = PolicyRef(id="expert")
+IMPORTED = "imported"  # env_version prefix of experts read from a file (experts.source)
+
+
+def usable(ep: Episode) -> bool:
+    """An expert trajectory that BC clones and pairs contrast with: a gold path that won, or any
+    imported one (the authors keep every trajectory of their files, WebShop's with rewards < 1,
+    each with its own reward)."""
+    if ep.status in NOT_POLICY_FAULT or not ep.steps:
+        return False
+    return ep.success or ep.env_version.startswith(IMPORTED)
 
 
 def expert_episode(env: Environment, task: Task, prompt: PromptConfig,
@@ -25,7 +35,7 @@ def expert_episode(env: Environment, task: Task, prompt: PromptConfig,
         episode_id=episode_key(EXPERT.id, task.task_id, 0, task.seed), task_id=task.task_id,
         env=task.env, game=task.game, fold=task.fold, seed=task.seed, split=task.split,
         env_version=env.version, policy=EXPERT, prompt_version=prompt.version,
-        system=sys_msg["content"], first_user=first_user_message(prompt, instruction, first.observation)["content"],
+        system=sys_msg["content"], opening=prompt.opening, first_user=first_user_message(prompt, instruction, first.observation)["content"],
         instruction=instruction, first_observation=first.observation,
         env_params={"max_steps": env.max_steps(task)})
     valid_actions, res = first.valid_actions, first
@@ -34,7 +44,7 @@ def expert_episode(env: Environment, task: Task, prompt: PromptConfig,
         res = env.step(action)
         valid_actions = res.valid_actions
         ep.steps.append(Step(index=len(ep.steps), raw_output=format_action(action), action=action,
-                             valid=valid, observation=res.observation, reward=res.reward, done=res.done))
+                             valid=valid, observation=render_observation(prompt, res.observation), reward=res.reward, done=res.done))
         if res.done:
             break
     ep.finish("success" if res.success else "failure" if res.done else "max_steps")

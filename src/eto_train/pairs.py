@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from .records import NOT_POLICY_FAULT, Episode, to_messages
+from .records import NOT_POLICY_FAULT, Episode, context_length, to_messages
 
 
 @dataclass
@@ -45,19 +45,22 @@ def _pid(*parts: Any) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
 
 
-def _split(msgs: list[dict[str, str]]) -> tuple[list[dict], list[dict]]:
-    """(prompt = everything before the first assistant turn, completion = the rest)."""
-    first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-    return msgs[:first], msgs[first:]
+def _split(ep: Episode, max_turns: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(prompt = the opening and the task turn, completion = the trajectory from the first action)."""
+    msgs = to_messages(ep, max_turns=max_turns)
+    n = context_length(ep)
+    return msgs[:n], msgs[n:]
 
 
-def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int = 5,
+def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int | None = 5,
                     rejected_cut: str = "expert_length") -> Pair | None:
     """The paper's trajectory-level pair for one task, or None (tie, unusable episode).
 
-    ``rejected_cut="first_divergence"`` (beyond the paper) ends a rejected agent trajectory on
-    its first action that differs from the expert's, instead of at the expert's length plus
-    ``extra_turns``.
+    As the authors' ``construct_preference.py``: a rejected agent trajectory is cut to the
+    expert's length plus ``extra_turns`` turns (``None``: not cut, their ALFWorld rule); an
+    agent that beats the expert is chosen whole. ``rejected_cut="first_divergence"`` (beyond
+    the paper) ends a rejected agent trajectory on its first action that differs from the
+    expert's instead.
     """
     if expert.task_id != agent.task_id:
         raise ValueError(f"pair of different tasks: {expert.task_id} vs {agent.task_id}")
@@ -66,21 +69,22 @@ def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int = 5,
     if agent.final_score == expert.final_score:
         return None  # ties are dropped
     chosen, rejected = (expert, agent) if expert.final_score > agent.final_score else (agent, expert)
-    limit = expert.num_steps + extra_turns
+    limit = None if extra_turns is None else expert.num_steps + extra_turns
     if rejected_cut == "first_divergence" and rejected is agent:
         t = first_divergence(expert, agent)
-        limit = min(limit, (t if t is not None else min(expert.num_steps, agent.num_steps)) + 1)
+        t = (t if t is not None else min(expert.num_steps, agent.num_steps)) + 1
+        limit = t if limit is None else min(limit, t)
     elif rejected_cut != "expert_length":
         raise ValueError(f"eto.pairs.rejected_cut={rejected_cut!r}: expert_length or first_divergence")
-    prompt, chosen_msgs = _split(to_messages(chosen, max_turns=limit if chosen is agent else None))
-    _, rejected_msgs = _split(to_messages(rejected, max_turns=limit))
+    prompt, chosen_msgs = _split(chosen)
+    _, rejected_msgs = _split(rejected, max_turns=limit if rejected is agent else None)
     return Pair(pair_id=_pid("traj", agent.episode_id, expert.episode_id), task_id=agent.task_id,
                 kind="trajectory", step=None, chosen_policy=chosen.policy.id, rejected_policy=rejected.policy.id,
                 chosen_score=chosen.final_score, rejected_score=rejected.final_score,
                 prompt=prompt, chosen=chosen_msgs, rejected=rejected_msgs)
 
 
-def self_pair(best: Episode, worst: Episode, extra_turns: int = 5) -> Pair | None:
+def self_pair(best: Episode, worst: Episode, extra_turns: int | None = 5) -> Pair | None:
     """On-policy pair (beyond the paper): the policy's own best against its worst on one task."""
     if best.task_id != worst.task_id:
         raise ValueError(f"pair of different tasks: {best.task_id} vs {worst.task_id}")
@@ -88,8 +92,8 @@ def self_pair(best: Episode, worst: Episode, extra_turns: int = 5) -> Pair | Non
         return None
     if best.final_score <= worst.final_score or not best.steps or not worst.steps:
         return None
-    prompt, chosen = _split(to_messages(best))
-    _, rejected = _split(to_messages(worst, max_turns=best.num_steps + extra_turns))
+    prompt, chosen = _split(best)
+    _, rejected = _split(worst, max_turns=None if extra_turns is None else best.num_steps + extra_turns)
     return Pair(pair_id=_pid("self", best.episode_id, worst.episode_id), task_id=best.task_id, kind="self",
                 step=None, chosen_policy=best.policy.id, rejected_policy=worst.policy.id,
                 chosen_score=best.final_score, rejected_score=worst.final_score,
@@ -121,7 +125,7 @@ def step_pair(expert: Episode, continuation: Episode, t: int) -> Pair | None:
         raise ValueError(f"{expert.task_id}: continuation does not start with the expert's first {t} actions")
     prefix = to_messages(expert, max_turns=t + 1)[:-1]  # instruction + expert steps < t, ends on a user turn
     if t == 0:
-        prefix = prefix[: next(i for i, m in enumerate(prefix) if m["role"] == "user") + 1]
+        prefix = prefix[:context_length(expert)]
     chosen = [{"role": "assistant", "content": expert.steps[t].raw_output}]
     rejected = [{"role": "assistant", "content": continuation.steps[t].raw_output}]
     return Pair(pair_id=_pid("step", continuation.episode_id, expert.episode_id, t), task_id=expert.task_id,

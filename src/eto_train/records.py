@@ -9,7 +9,6 @@ latency and token counts. Reward components are kept apart rather than summed.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -58,7 +57,7 @@ class Episode:
     env_version: str
     policy: PolicyRef
     prompt_version: str
-    system: str  # rendered system turn
+    system: str  # rendered instruction (the system turn, or the paper's instruction turn: see ``opening``)
     first_user: str  # rendered first user turn (task + first observation)
     instruction: str  # the task as the environment stated it
     first_observation: str
@@ -71,6 +70,7 @@ class Episode:
     error: str | None = None
     env_errors: list[str] = field(default_factory=list)  # environment failures met (recovered or not)
     truncated_turns: int = 0  # turns dropped from the prompt to fit the context window
+    opening: str = "system"  # how ``system`` opens the conversation: system | instruction_ok (user turn + "OK")
     schema_version: int = SCHEMA_VERSION
 
     # -- derived --------------------------------------------------------------------------
@@ -127,6 +127,8 @@ class Episode:
         ep = cls(**d)
         if ep.status not in STATUSES:
             raise ValueError(f"status {ep.status!r} is not one of {STATUSES}")
+        if ep.opening not in ("system", "instruction_ok"):
+            raise ValueError(f"opening {ep.opening!r} is not one of ['system', 'instruction_ok']")
         return ep
 
 
@@ -137,15 +139,23 @@ def episode_key(policy_id: str, task_id: str, sample_index: int | str, seed: int
 
 
 # -- chat messages (TRL's conversational format) ------------------------------------------
+def context_length(ep: Episode) -> int:
+    """How many messages of :func:`to_messages` come before the first action (opening + task)."""
+    return (0 if not ep.system else 2 if ep.opening == "instruction_ok" else 1) + 1
+
+
 def to_messages(ep: Episode, max_turns: int | None = None) -> list[dict[str, str]]:
     """The episode as chat messages ending on the assistant's last kept action.
+
+    The opening is a system turn, or the paper's instruction turn answered "OK"
+    (``ep.opening``); the in-context example of a rollout prompt is never part of it.
 
     ``max_turns`` keeps the first ``max_turns`` actions (the ETO truncation rule cuts a
     rejected trajectory to the expert's length plus 5 turns).
     """
-    msgs = []
-    if ep.system:
-        msgs.append({"role": "system", "content": ep.system})
+    from .prompting import opening_messages  # local: records must not depend on prompting at import
+
+    msgs = opening_messages(ep.opening, ep.system)
     msgs.append({"role": "user", "content": ep.first_user})
     steps = ep.steps if max_turns is None else ep.steps[:max_turns]
     for i, s in enumerate(steps):
@@ -153,65 +163,3 @@ def to_messages(ep: Episode, max_turns: int | None = None) -> list[dict[str, str
         if i + 1 < len(steps):
             msgs.append({"role": "user", "content": s.observation})
     return msgs
-
-
-# -- ETO / ShareGPT format ----------------------------------------------------------------
-def to_eto(ep: Episode) -> dict[str, Any]:
-    """ETO's released trajectory format: ``conversations`` of ``from: human|gpt`` turns.
-
-    ETO has no system role: the system text opens the first human turn.
-    """
-    conv = []
-    for m in to_messages(ep):
-        if m["role"] == "system":
-            continue
-        value = m["content"]
-        if not conv and ep.system and m["role"] == "user":
-            value = f"{ep.system}\n\n{value}"
-        conv.append({"from": "human" if m["role"] == "user" else "gpt", "value": value})
-    return {"id": ep.task_id, "conversations": conv, "reward": ep.final_score,
-            "success": ep.success}
-
-
-def from_eto(obj: dict[str, Any], env: str = "eto-import", split: str = "train") -> Episode:
-    """Read one ETO/ShareGPT trajectory (``conversations`` with ``from: human|gpt``)."""
-    from .prompting import parse_action  # local: records must not depend on prompting at import
-
-    if not isinstance(obj, dict) or "conversations" not in obj:
-        raise ValueError("expected an object with a 'conversations' list")
-    conv = obj["conversations"]
-    if not isinstance(conv, list) or not conv:
-        raise ValueError("'conversations' must be a non-empty list")
-    for i, turn in enumerate(conv):
-        if not isinstance(turn, dict) or turn.get("from") not in ("human", "gpt"):
-            raise ValueError(f"conversations[{i}].from must be 'human' or 'gpt', got "
-                             f"{turn.get('from') if isinstance(turn, dict) else turn!r}")
-        if not isinstance(turn.get("value"), str):
-            raise ValueError(f"conversations[{i}].value must be a string")
-    if conv[0]["from"] != "human":
-        raise ValueError("conversations[0] must be a human turn (the instruction)")
-    if not any(t["from"] == "gpt" for t in conv):
-        raise ValueError("the trajectory has no gpt (assistant) turn")
-    steps: list[Step] = []
-    for i in range(1, len(conv)):
-        turn = conv[i]
-        if turn["from"] == "gpt":
-            if conv[i - 1]["from"] != "human":
-                raise ValueError(f"conversations[{i}]: two gpt turns in a row")
-            obs = conv[i + 1]["value"] if i + 1 < len(conv) else ""
-            action = parse_action(turn["value"])
-            if action is None and re.search(r"(?im)^\s*action\s*:\s*$", turn["value"]):
-                raise ValueError(f"conversations[{i}].value: empty action ('Action:' with nothing after it)")
-            steps.append(Step(index=len(steps), raw_output=turn["value"], action=action,
-                              valid=action is not None, observation=obs, reward=0.0, done=False))
-    reward = float(obj.get("reward", 1.0 if obj.get("success", True) else 0.0))
-    if steps:
-        steps[-1].reward, steps[-1].done = reward, True
-    tid = str(obj.get("id", obj.get("game_file", "unknown")))
-    ep = Episode(episode_id=episode_key("expert", tid, 0, 0), task_id=tid, env=env, game="",
-                 fold="", seed=0, split=split, env_version="imported",
-                 policy=PolicyRef(id="expert"), prompt_version="eto", system="",
-                 first_user=conv[0]["value"], instruction=conv[0]["value"],
-                 first_observation="", steps=steps)
-    ep.finish("success" if obj.get("success", reward > 0) else "failure")
-    return ep

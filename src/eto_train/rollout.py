@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .envs.base import Environment, EnvironmentFailure, StepResult, Task
-from .prompting import PromptConfig, first_user_message, format_action, parse_action, system_message
+from .prompting import (PromptConfig, first_user_message, format_action, parse_action, render_observation,
+                        rollout_context, system_message)
 from .records import Episode, PolicyRef, Step, episode_key
 
 
@@ -153,6 +154,7 @@ class _Slot:
     conv: list[dict[str, str]] = field(default_factory=list)
     valid_actions: list[str] | None = None
     reward: float = 0.0
+    prompt: PromptConfig | None = None  # renders observations into user turns
 
 
 @dataclass
@@ -271,15 +273,15 @@ def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
         episode_id=item.key(policy_ref.id, cfg.seed),
         task_id=task.task_id, env=task.env, game=task.game, fold=task.fold, seed=task.seed,
         split=task.split, env_version=slot.env.version, policy=policy_ref,
-        prompt_version=prompt.version, system=sys_msg["content"], first_user="",
+        prompt_version=prompt.version, system=sys_msg["content"], opening=prompt.opening, first_user="",
         instruction="", first_observation="", sample_index=item.sample_index,
         env_params={"max_steps": slot.env.max_steps(task), "expert_prefix": len(item.prefix)})
-    slot.episode, slot.conv = ep, []
+    slot.episode, slot.conv, slot.prompt = ep, [], prompt
     try:
         instruction, first = _call(slot, cfg, make_env, lambda env: env.reset(task))
         user = first_user_message(prompt, instruction, first.observation)
         ep.instruction, ep.first_observation, ep.first_user = instruction, first.observation, user["content"]
-        slot.conv = [sys_msg, user]
+        slot.conv = rollout_context(prompt, ep.system, user["content"])
         slot.valid_actions, slot.reward = first.valid_actions, first.reward
         for action in item.prefix:  # the expert's steps, replayed
             res = _call(slot, cfg, make_env, lambda env: env.step(action))
@@ -296,10 +298,13 @@ def _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped) -
     slot.valid_actions = res.valid_actions if action is not None else slot.valid_actions
     slot.reward = res.reward
     ep.truncated_turns = max(ep.truncated_turns, dropped)
+    # the record keeps the observation turn as the model saw it (prompt.observation_template);
+    # an unparsed output's answer is the format checker's message, as written
+    obs = render_observation(slot.prompt, res.observation) if action is not None else res.observation
     ep.steps.append(Step(index=len(ep.steps), raw_output=text, action=action, valid=valid,
-                         observation=res.observation, reward=res.reward, done=res.done,
+                         observation=obs, reward=res.reward, done=res.done,
                          latency_s=round(latency, 4), prompt_tokens=n_prompt, completion_tokens=n_new))
-    slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": res.observation}]
+    slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
 
 
 def _call(slot, cfg, make_env, fn):
@@ -343,7 +348,7 @@ def _rebuild(slot) -> None:
         if st.action is None:  # an unparsed output never reached the environment
             continue
         res = env.step(st.action)
-        if res.observation != st.observation:
+        if render_observation(slot.prompt, res.observation) != st.observation:
             raise EnvironmentFailure(f"replay of {ep.task_id}: step {st.index} answered differently than recorded")
 
 

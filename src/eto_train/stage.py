@@ -30,7 +30,7 @@ def to_plain(cfg) -> Any:
 
 
 # Overrides that change what BC is trained on or how; a sweep job with one of them gets its own BC.
-_BC_KEYS = ("bc.", "env.", "env=", "model.", "model=", "bc=", "prompt.", "seed=", "paths.")
+_BC_KEYS = ("bc.", "env.", "env=", "model.", "model=", "bc=", "prompt.", "prompt=", "experts.", "seed=", "paths.")
 
 
 def _swept_overrides(hc) -> list[str]:

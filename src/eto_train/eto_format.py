@@ -1,0 +1,190 @@
+"""The ETO authors' data formats, both ways: SFT conversations and preference pairs.
+
+The released files (repository Yifan-Song793/ETO: ``data/<env>_sft.json``, read by
+``fastchat/train/train.py``; ``construct_preference.py`` writes the pairs that
+``fastchat/train/train_dpo.py`` reads) are ShareGPT conversations of ``from: human|gpt`` turns:
+
+- SFT: ``{"id", "conversations": [human instruction, gpt "OK", human task, gpt "Thought: ...
+  Action: ...", human "Observation: ...", ..., gpt]}``; ALFWorld entries also carry
+  ``game_file`` (its last folder is the trial, the key the authors pair on); WebShop's a
+  ``reward``.
+- Pairs: ``{"id", "prompt": [instruction, "OK", task], "chosen": [gpt, human, ..., gpt],
+  "rejected": [...]}``.
+
+The instruction + "OK" opening becomes this project's ``Episode.system`` with
+``opening="instruction_ok"`` (ETO has no system role); a project episode with a system turn is
+written with that opening. Everything here is pure data: files are read in ``dataio``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+from .prompting import OK, parse_action
+from .records import Episode, PolicyRef, Step, episode_key, to_messages
+
+ALFWORLD_DATA_ROOT = "json_2.1.1"  # ALFWorld's data folder, the prefix of the authors' game_file
+
+
+# -- conversations ------------------------------------------------------------------------------
+def to_sharegpt(msgs: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Chat messages as ETO turns: a system turn becomes the instruction turn answered "OK"."""
+    conv = []
+    for m in msgs:
+        if m["role"] == "system":
+            conv += [{"from": "human", "value": m["content"]}, {"from": "gpt", "value": OK}]
+        else:
+            conv.append({"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]})
+    return conv
+
+
+def from_sharegpt(conv: list[dict[str, str]]) -> list[dict[str, str]]:
+    return [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]} for t in conv]
+
+
+def _check_turns(conv: Any, name: str = "conversations") -> None:
+    if not isinstance(conv, list) or not conv:
+        raise ValueError(f"'{name}' must be a non-empty list")
+    for i, turn in enumerate(conv):
+        if not isinstance(turn, dict) or turn.get("from") not in ("human", "gpt"):
+            raise ValueError(f"{name}[{i}].from must be 'human' or 'gpt', got "
+                             f"{turn.get('from') if isinstance(turn, dict) else turn!r}")
+        if not isinstance(turn.get("value"), str):
+            raise ValueError(f"{name}[{i}].value must be a string")
+        if i and turn["from"] == conv[i - 1]["from"]:
+            raise ValueError(f"{name}[{i}]: two {turn['from']} turns in a row")
+
+
+def has_opening(conv: list[dict[str, str]]) -> bool:
+    """The released opening: an instruction turn answered "OK", then the task turn."""
+    return (len(conv) >= 3 and conv[0]["from"] == "human" and conv[1]["from"] == "gpt"
+            and conv[1]["value"].strip() == OK and conv[2]["from"] == "human")
+
+
+# -- SFT trajectories ---------------------------------------------------------------------------
+def eto_id(ep: Episode) -> str:
+    """The id the authors' tools key on: ScienceWorld ``<task number>_<variation>``, WebShop the
+    goal index, ALFWorld the trial folder (``game_file`` carries the whole path)."""
+    return ep.task_id.rsplit("/", 1)[-1] if ep.env == "alfworld" else ep.task_id
+
+
+def to_eto(ep: Episode, id: str | None = None) -> dict[str, Any]:
+    """One episode in the released SFT layout (the opening turns first, then the trajectory)."""
+    msgs = to_messages(ep)
+    if ep.opening == "system" and not ep.system:  # no instruction on record: keep the opening's shape
+        msgs = [{"role": "system", "content": ""}] + msgs
+    out: dict[str, Any] = {"id": id or eto_id(ep), "conversations": to_sharegpt(msgs), "reward": ep.final_score}
+    if ep.env == "alfworld":
+        out["game_file"] = f"{ALFWORLD_DATA_ROOT}/{ep.fold}/{ep.task_id}"
+    return out
+
+
+def from_eto(obj: Any, env: str = "eto-import", split: str = "train") -> Episode:
+    """One trajectory of the released SFT layout (or a bare conversation without the opening).
+
+    The instruction + "OK" opening becomes ``system`` (``opening="instruction_ok"``), the next
+    human turn the task turn, each gpt turn a step (thoughts kept in ``raw_output``) and each
+    later human turn its observation, exactly as written. The reward is the entry's ``reward``
+    (1.0 when absent: the authors score their ScienceWorld and ALFWorld experts 1.0).
+    """
+    if not isinstance(obj, dict) or "conversations" not in obj:
+        raise ValueError("expected an object with a 'conversations' list")
+    conv = obj["conversations"]
+    _check_turns(conv)
+    if conv[0]["from"] != "human":
+        raise ValueError("conversations[0] must be a human turn (the instruction)")
+    opening = has_opening(conv)
+    start = 2 if opening else 0
+    if not any(t["from"] == "gpt" for t in conv[start + 1:]):
+        raise ValueError("the trajectory has no gpt (assistant) turn" + (" after the opening" if opening else ""))
+    steps: list[Step] = []
+    for i in range(start + 1, len(conv)):
+        turn = conv[i]
+        if turn["from"] != "gpt":
+            continue
+        action = parse_action(turn["value"])
+        if action is None and re.search(r"(?im)^\s*action\s*:\s*$", turn["value"]):
+            raise ValueError(f"conversations[{i}].value: empty action ('Action:' with nothing after it)")
+        obs = conv[i + 1]["value"] if i + 1 < len(conv) else ""
+        steps.append(Step(index=len(steps), raw_output=turn["value"], action=action,
+                          valid=action is not None, observation=obs, reward=0.0, done=False))
+    reward = obj.get("reward", 1.0)
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+        raise ValueError(f"reward: expected a number, got {reward!r}")
+    steps[-1].reward, steps[-1].done = float(reward), True
+    tid = obj.get("id", obj.get("game_file"))
+    if tid is None:
+        raise ValueError("no 'id' (or ALFWorld 'game_file') to name the task")
+    tid = str(tid)
+    ep = Episode(episode_id=episode_key("expert", tid, 0, 0), task_id=tid, env=env, game="",
+                 fold="", seed=0, split=split, env_version="imported",
+                 policy=PolicyRef(id="expert"), prompt_version="eto-released",
+                 system=conv[0]["value"] if opening else "", opening="instruction_ok" if opening else "system",
+                 first_user=conv[start]["value"], instruction=conv[start]["value"],
+                 first_observation="", steps=steps)
+    success = obj.get("success", float(reward) >= 1.0)
+    ep.finish("success" if success else "failure")
+    return ep
+
+
+def task_index(tasks: Iterable[Any]) -> dict[str, Any]:
+    """Lookup of environment tasks by every id the authors' files may use for them."""
+    index: dict[str, Any] = {}
+    for t in tasks:
+        index[t.task_id] = t
+        if t.env == "alfworld":
+            index.setdefault(t.task_id.rsplit("/", 1)[-1], t)  # the trial folder alone
+    return index
+
+
+def match_task(obj: dict[str, Any], index: dict[str, Any]) -> Any | None:
+    """The environment task an imported entry belongs to (None: no such task).
+
+    ScienceWorld ``<task number>_<variation>`` and WebShop goal indices are this project's ids;
+    ALFWorld's ``game_file`` (``.../<task folder>/<trial>[/game.tw-pddl]``) is matched on its
+    ``<task folder>/<trial>``, then on the trial alone.
+    """
+    if "game_file" in obj:
+        parts = [p for p in str(obj["game_file"]).split("/") if p and not p.startswith("game.tw")]
+        for key in ("/".join(parts[-2:]), parts[-1] if parts else ""):
+            if key in index:
+                return index[key]
+    return index.get(str(obj.get("id")))
+
+
+def bind_task(ep: Episode, task: Any, env_version: str) -> Episode:
+    """An imported episode under the environment task it belongs to."""
+    ep.task_id, ep.env, ep.game, ep.fold, ep.seed, ep.split = (
+        task.task_id, task.env, task.game, task.fold, task.seed, task.split)
+    ep.episode_id = episode_key("expert", task.task_id, 0, task.seed)
+    ep.env_version = f"imported; {env_version}"  # experts.IMPORTED prefix
+    return ep
+
+
+# -- preference pairs -------------------------------------------------------------------------
+def pair_to_eto(pair: Any, id: str | None = None) -> dict[str, Any]:
+    """A pair in the layout of the authors' ``construct_preference.py`` / ``train_dpo.py``."""
+    prompt = pair.prompt
+    if not prompt or prompt[0]["role"] not in ("system",) and not (
+            len(prompt) >= 3 and prompt[1] == {"role": "assistant", "content": OK}):
+        prompt = [{"role": "system", "content": ""}] + prompt  # keep the opening's shape
+    return {"id": id or pair.task_id, "prompt": to_sharegpt(prompt),
+            "chosen": to_sharegpt(pair.chosen), "rejected": to_sharegpt(pair.rejected)}
+
+
+def pair_from_eto(obj: Any) -> dict[str, Any]:
+    """``{id, prompt, chosen, rejected}`` as chat messages from the authors' pair layout."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"a pair must be a JSON object, got {type(obj).__name__}")
+    missing = sorted({"id", "prompt", "chosen", "rejected"} - set(obj))
+    if missing:
+        raise ValueError(f"missing field(s) {missing}")
+    for side in ("prompt", "chosen", "rejected"):
+        _check_turns(obj[side], side)
+    if obj["prompt"][-1]["from"] != "human":
+        raise ValueError("prompt: must end on a human turn (the task)")
+    for side in ("chosen", "rejected"):
+        if obj[side][0]["from"] != "gpt" or obj[side][-1]["from"] != "gpt":
+            raise ValueError(f"{side}: must start and end on a gpt turn")
+    return {"id": str(obj["id"]), **{k: from_sharegpt(obj[k]) for k in ("prompt", "chosen", "rejected")}}
