@@ -200,16 +200,22 @@ def test_adapters_share_one_catalogue_and_keep_their_own_sessions(tmp_path):
 
 # -- what is missing -----------------------------------------------------------------------------
 def test_a_missing_webshop_package_says_what_to_install(tmp_path):
+    from eto_train.envs import check_playable
+
     cfg = fake_cfg(write_splits(tmp_path), text_env="web_agent_site_absent.envs:WebAgentTextEnv")
+    env = make_env(cfg)  # the task lists need no install (BC on imported experts)
+    assert env.tasks("seen")
     with pytest.raises(ImportError) as err:
-        make_env(cfg)
+        env.reset(env.tasks("seen")[0])
+    with pytest.raises(ImportError):
+        check_playable(cfg)
     msg = str(err.value)
     assert "env.text_env=web_agent_site_absent.envs:WebAgentTextEnv" in msg
     assert "princeton-nlp/WebShop" in msg and "envs/webshop" in msg and "search index" in msg
     with pytest.raises(ValueError, match="not 'module:Class'"):
         make_env({**cfg, "text_env": "web_agent_site.envs.WebAgentTextEnv"})
     with pytest.raises(ImportError, match="has no class Nope"):
-        make_env({**cfg, "text_env": "fake_webshop:Nope"})
+        check_playable({**cfg, "text_env": "fake_webshop:Nope"})
 
 
 def test_missing_product_data_is_a_clear_error(tmp_path):
@@ -328,3 +334,24 @@ def test_paper_experiment_on_the_fake_shop_with_experts_imported_from_the_releas
     assert [e.final_score for e in experts] == [1.0, 0.5] and experts[0].first_user.startswith("Observation:\nWebShop [SEP]")
     bc = json.loads((Path(out["cfg"].paths.bc) / "manifest.json").read_text())
     assert bc["metrics"]["trajectories"] == 2  # the 0.5 expert is cloned too, as the authors clone their file
+
+
+def test_bc_on_imported_experts_needs_no_webshop_install_and_make_eto_says_so_before_bc(tmp_path):
+    """The authors' file imports for BC without WebShop; `make eto` needs it to explore and says
+    what to install before it trains anything."""
+    from eto_train.stages import eto, experts
+    from eto_train.store import read_episodes
+
+    conv = [{"from": "human", "value": "You are web shopping."}, {"from": "gpt", "value": "OK"},
+            {"from": "human", "value": "Observation:\nWebShop [SEP] Instruction: [SEP] a mug [SEP] Search"},
+            {"from": "gpt", "value": "Thought: I think I should search.\nAction: search[mug]"}]
+    source = tmp_path / "webshop_sft.json"
+    source.write_text(json.dumps([{"id": 0, "reward": 0.8, "conversations": conv}, {"id": 3, "conversations": conv}]))
+    over = ["experiment=webshop_llama2_7b", f"experts.source={source}", f"paths.runs={tmp_path / 'runs'}",
+            "env.text_env=web_agent_site_absent.envs:WebAgentTextEnv", "wandb.enabled=false"]
+    cfg = _compose(over)
+    experts.run(cfg)
+    assert [(e.task_id, e.final_score) for e in read_episodes(cfg.paths.experts)] == [("0", 0.8), ("3", 1.0)]
+    with pytest.raises(ImportError, match=r"env.text_env=web_agent_site_absent.envs:WebAgentTextEnv: cannot import"):
+        eto.run(cfg)
+    assert not Path(cfg.paths.bc).exists()

@@ -56,5 +56,15 @@ def make_env(cfg: dict[str, Any]) -> Environment:
     return env
 
 
+def check_playable(cfg: dict[str, Any]) -> None:
+    """Fail now, not after hours of BC, when the environment cannot be played (a package that
+    is imported on first use, as WebShop's)."""
+    env = make_env(cfg)
+    try:
+        getattr(env, "check_playable", lambda: None)()
+    finally:
+        env.close()
+
+
 __all__ = ["Environment", "EnvironmentFailure", "EnvironmentTimeout", "StepResult", "Task",
-           "make_env", "register"]
+           "check_playable", "make_env", "register"]

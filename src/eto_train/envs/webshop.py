@@ -99,7 +99,10 @@ def _module_version(module: str) -> str:
             return pkg_version(dist)
         except Exception:
             continue
-    return str(getattr(importlib.import_module(module), "__version__", "unversioned"))
+    try:
+        return str(getattr(importlib.import_module(module), "__version__", "unversioned"))
+    except ImportError:
+        return "not installed"  # the task lists (BC on imported experts) need no install
 
 
 # (text_env, its keywords) -> the server (catalogue, goals, search engine) the adapters share
@@ -128,7 +131,11 @@ class WebShopEnv:
         self.kwargs = {"observation_mode": str(observation_mode), "human_goals": bool(human_goals),
                        **dict(env_kwargs or {})}
         self.share_server = bool(share_server)
-        self._cls = load_text_env(self.text_env)  # a missing package fails here, before any work
+        if ":" not in self.text_env:
+            raise ValueError(f"env.text_env: {self.text_env!r} is not 'module:Class', e.g. web_agent_site.envs:WebAgentTextEnv")
+        # imported on first use: the task lists (and an import of the authors' expert file for BC)
+        # need no WebShop install; playing does, and check_playable() says so before long work
+        self._text_env_cls: type | None = None
         self._env = None  # the text environment, built on first use (loading the catalogue is slow)
         self._prefix = f"eto{next(_ADAPTERS)}-"  # this adapter's sessions on a shared server
         self._reward = 0.0
@@ -198,14 +205,25 @@ class WebShopEnv:
         return ACTION_FORMS
 
     # -- the simulator ----------------------------------------------------------------------
+    @property
+    def _cls(self) -> type:
+        if self._text_env_cls is None:
+            self._text_env_cls = load_text_env(self.text_env)
+        return self._text_env_cls
+
+    def check_playable(self) -> None:
+        """Raise now (with what to install) when the text environment cannot be imported."""
+        self._cls
+
     def _require(self):
         if self._env is None:
             key = (self.text_env, json.dumps(self.kwargs, sort_keys=True, default=str))
             kwargs = {"session_prefix": self._prefix, **self.kwargs}
             if self.share_server and key in _SERVERS:
                 kwargs["server"] = _SERVERS[key]
+            cls = self._cls  # not installed: ImportError, never an environment failure to retry
             try:
-                self._env = self._cls(**kwargs)
+                self._env = cls(**kwargs)
             except FileNotFoundError as exc:
                 raise FileNotFoundError(f"env.text_env={self.text_env}: WebShop's product data or search "
                                         f"index is missing ({exc}). {INSTALL}") from exc

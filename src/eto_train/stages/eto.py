@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..envs import make_env
+from ..envs import check_playable, make_env
 from ..evaluation import comparison
 from ..stage import to_plain
 from ..store import write_json
@@ -163,6 +163,7 @@ def run(cfg) -> dict[str, Any]:
     console = Console(markup=False)
     sel = check_selection(cfg)  # before any work: a bad selection setting must not cost a BC run
     metric, dev_split = sel.metric, sel.dev_split
+    check_playable(to_plain(cfg.env))  # e.g. WebShop not installed: say so before BC, not after it
     prepare_bc(cfg)
     bc_policy = str(Path(cfg.paths.bc) / "model")
     test_splits = list(cfg.eval.splits)
