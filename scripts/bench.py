@@ -25,6 +25,7 @@ from rich.table import Table
 
 from eto_train.envs import make_env
 from eto_train.experts import expert_episode
+from eto_train.interrupt import interruptible
 from eto_train.model.load import load_model, load_tokenizer, policy_ref
 from eto_train.prompting import PromptConfig
 from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts
@@ -124,6 +125,11 @@ def _sciworld_rows(t, sw) -> None:
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
+    with interruptible(cfg, resume=False):  # Ctrl-C: one line, exit 130
+        _bench(cfg)
+
+
+def _bench(cfg) -> None:
     console = Console(width=120, markup=False)
     b = cfg.bench
     if b.only not in (None, "sciworld"):
@@ -270,4 +276,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with interruptible(resume=False):  # and while Hydra starts up
+        main()

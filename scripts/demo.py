@@ -8,17 +8,20 @@ Each stage skips what is already done, so an interrupted demo resumes where it s
 import hydra
 from rich.console import Console
 
-from eto_train.stages import compare, eto, report
+from eto_train.interrupt import interruptible
 from eto_train.stage import isolate_sweep_job
+from eto_train.stages import compare, eto, report
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
-    isolate_sweep_job(cfg)  # under -m: one run folder per job
-    eto.run(cfg)       # experts, tiny model, bc, then iterations with early stopping on dev
-    compare.run(cfg)   # trajectory / step / mixture and the SFT control from the same BC
-    Console(markup=False).print(f"[demo] report: {report.run(cfg)}")
+    with interruptible(cfg):  # Ctrl-C: one line saying what was kept, exit 130
+        isolate_sweep_job(cfg)  # under -m: one run folder per job
+        eto.run(cfg)       # experts, tiny model, bc, then iterations with early stopping on dev
+        compare.run(cfg)   # trajectory / step / mixture and the SFT control from the same BC
+        Console(markup=False).print(f"[demo] report: {report.run(cfg)}")
 
 
 if __name__ == "__main__":
-    main()
+    with interruptible():  # and while Hydra starts up
+        main()

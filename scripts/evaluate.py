@@ -5,15 +5,18 @@
 
 import hydra
 
-from eto_train.stages import evaluate
+from eto_train.interrupt import interruptible
 from eto_train.stage import isolate_sweep_job
+from eto_train.stages import evaluate
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
-    isolate_sweep_job(cfg)  # under -m: one run folder per job
-    evaluate.run(cfg)
+    with interruptible(cfg):  # Ctrl-C: one line saying what was kept, exit 130
+        isolate_sweep_job(cfg)  # under -m: one run folder per job
+        evaluate.run(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    with interruptible():  # and while Hydra starts up
+        main()

@@ -311,4 +311,7 @@ def _finish(results, o, t_all) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from eto_train.interrupt import interruptible
+
+    with interruptible(resume=False):  # Ctrl-C: one line, exit 130 (the sections finished are in gpu_smoke.json)
+        sys.exit(main())

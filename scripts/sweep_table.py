@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eto_train.evaluation import paired, successes
+from eto_train.interrupt import interruptible
 from eto_train.stages.report import pct
 from eto_train.store import write_atomic
 
@@ -28,6 +29,11 @@ def rows(sweep: Path):
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
+    with interruptible(cfg, resume=False):  # Ctrl-C: one line, exit 130
+        _table(cfg)
+
+
+def _table(cfg) -> None:
     sweep = Path(cfg.paths.run)
     found = list(rows(sweep))
     if not found:
@@ -62,4 +68,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with interruptible(resume=False):  # and while Hydra starts up
+        main()

@@ -49,3 +49,23 @@ def expert_episode(env: Environment, task: Task, prompt: PromptConfig,
             break
     ep.finish("success" if res.success else "failure" if res.done else "max_steps")
     return ep
+
+
+def read_experts(path) -> list[Episode]:
+    """The expert episodes of ``path`` (``paths.experts``), with an error that names the file
+    and the stage that writes it when there is no file or no episode in it."""
+    from pathlib import Path
+
+    from .store import read_episodes
+
+    path = Path(path)
+    writer = "the experts stage writes it: run `make experts` (scripts/experts.py) with this run's overrides"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no experts file; {writer}")
+    episodes = read_episodes(path)
+    if not episodes:
+        raise ValueError(
+            f"{path}: empty experts file (0 episodes); {writer} (if it says up to date, delete "
+            f"{path.parent / 'manifest.json'} first). If it writes none either, the training split is empty "
+            f"(env.splits.train, env.tasks) or experts.source matches no training task")
+    return episodes

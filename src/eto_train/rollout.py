@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .envs.base import Environment, EnvironmentFailure, StepResult, Task
+from .interrupt import interrupted
 from .prompting import (PromptConfig, first_user_message, format_action, parse_action, render_observation,
                         rollout_context, system_message)
 from .records import Episode, PolicyRef, Step, episode_key
@@ -194,6 +195,7 @@ def run_rollouts(
     # only this worker touches an environment while the model runs.
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env") if cfg.overlap_env else _InLine()
     early = cfg.overlap_env and "on_row" in inspect.signature(session.step).parameters
+    stopping = False  # an error or a Ctrl-C on its way out: stop the simulators without adding to it
     try:
         active = [s for s in slots if _start_next(s, queue, policy_ref, prompt, cfg, make_env, on_episode)]
         for _ in active:
@@ -226,10 +228,27 @@ def run_rollouts(
             active = [s for _, s in kept] + [s for _, s in restarted]
             if on_step:
                 on_step(len(outs))
+    except BaseException:
+        stopping = True
+        raise
     finally:
-        worker.shutdown(wait=True)
-        for s in slots:
-            s.env.close()
+        # Episodes already handed to on_episode are recorded; the ones in play are dropped (a
+        # rerun plays them again). Environment steps not started yet are cancelled.
+        worker.shutdown(wait=True, cancel_futures=stopping)
+        _close_all([s.env for s in slots], quiet=stopping)
+
+
+def _close_all(envs: list[Environment], quiet: bool) -> None:
+    """Close every environment, even when one fails to; with ``quiet`` (the rollout is being
+    stopped) a failing close is ignored, otherwise the first failure is raised after the rest."""
+    first = None
+    for env in envs:
+        try:
+            env.close()
+        except Exception as exc:
+            first = first or exc
+    if first is not None and not quiet:
+        raise first
 
 
 class _InLine:
@@ -245,7 +264,7 @@ class _InLine:
     def submit(self, fn, *args):
         return self._Done(fn(*args))
 
-    def shutdown(self, wait: bool = True) -> None:
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         pass
 
 
@@ -327,6 +346,8 @@ def _call(slot, cfg, make_env, fn):
                 _rebuild(slot)
             return fn(slot.env)
         except EnvironmentFailure as exc:
+            if interrupted():  # a call cut short by Ctrl-C: stop, do not start another simulator
+                raise KeyboardInterrupt from None
             ep.env_errors.append(f"{type(exc).__name__}: {exc}")
             try:
                 slot.env.close()

@@ -90,8 +90,12 @@ class _Host:
         from scienceworld.constants import BASEPATH, JAR_PATH
 
         self.key, self.games = key, 0
+        # In its own process group: a Ctrl-C at the terminal reaches Python only, which then stops
+        # the games and this JVM quietly (eto_train.interrupt) instead of every call in flight
+        # failing under a JVM that died at once.
         port, self.proc = launch_gateway(classpath=JAR_PATH, javaopts=[f"-Xmx{heap_mb}m", *options],
-                                         die_on_exit=True, cwd=BASEPATH, return_proc=True)
+                                         die_on_exit=True, cwd=BASEPATH, return_proc=True,
+                                         create_new_process_group=True)
         gateways: list = []
         self._stop = weakref.finalize(self, _stop_jvm, self.proc, gateways, os.getpid())  # and at exit
         try:

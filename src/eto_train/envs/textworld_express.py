@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 from importlib.metadata import version as pkg_version
 from typing import Any
 
@@ -38,26 +39,73 @@ FOLDS = ("train", "dev", "test")
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs every gateway start at INFO
 
 
+class _Host:
+    """The JVM of the package's jar, launched as the package launches it (same jar and options)
+    but in its own process group, so that a Ctrl-C at the terminal reaches Python only: Python
+    then stops the games and the JVM, rather than every call in flight failing under a JVM that
+    died at once (see eto_train.interrupt). ``die_on_exit`` still ends it when Python is killed
+    outright (its stdin closes). No callback server: the games never call back into Python."""
+
+    def __init__(self) -> None:
+        from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+        from textworld_express.constants import BASEPATH, JAR_PATH
+
+        self._owner = os.getpid()  # a forked child that inherits this object must not stop the JVM
+        port, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, javaopts=["-Xverify:none"],
+                                    return_proc=True, create_new_process_group=True)
+        try:
+            self._gateway = JavaGateway(gateway_parameters=GatewayParameters(auto_field=True, port=port),
+                                        java_process=proc)
+        except Exception:
+            _stop(proc, None)
+            raise
+
+    def close(self) -> None:
+        if os.getpid() == self._owner:
+            _stop(self._gateway.java_process, self._gateway)
+
+
+def _stop(proc, gateway) -> None:
+    """End the JVM quietly, whether it is alive or already gone."""
+    if gateway is not None:
+        try:
+            gateway.close()  # our sockets only
+        except Exception:
+            pass
+        # Java proxies collected later would each try to reach the stopped JVM and log an error;
+        # with the client marked closed they do nothing.
+        gateway._gateway_client.is_connected = False
+    try:
+        proc.stdin.close()  # die_on_exit: the JVM exits when its stdin closes
+        proc.wait(timeout=5)
+    except Exception:
+        proc.kill()
+        proc.wait()
+
+
 class _SharedJVM:
     """One JVM per process hosts every game instance.
 
     The package starts a JVM per ``TextWorldExpressEnv`` (about 0.3 s, 50 MB, and a cold first
     ``load`` of about 0.5-0.9 s each). A pool of 32 parallel episodes then spent most of its
     time starting Java. Game objects (``PythonInterface``) are independent, so we create them
-    all through the one gateway the package launched. A JVM that died is replaced on the next
-    request; it is shut down at interpreter exit (and dies with the process anyway).
+    all through one gateway to the package's jar (:class:`_Host`). A JVM that died is replaced
+    on the next request; it is shut down at interpreter exit (and dies with the process anyway).
     """
 
     _host = None
+    _at_exit = False
 
     @classmethod
     def new_game(cls):
         host = cls._host
         if host is None or host._gateway.java_process.poll() is not None:
-            from textworld_express import TextWorldExpressEnv as _TWX  # launches the JVM
-
-            cls._host = host = _TWX()
-            atexit.register(cls.shutdown)
+            if host is not None:
+                host.close()  # a JVM that died: free its sockets
+            cls._host = host = _Host()
+            if not cls._at_exit:
+                atexit.register(cls.shutdown)
+                cls._at_exit = True
         return host._gateway.jvm.textworldexpress.runtime.PythonInterface()
 
     @classmethod
@@ -68,7 +116,6 @@ class _SharedJVM:
                 host.close()
             except Exception:
                 pass
-            host.close = lambda: None  # the package's __del__ closes again; once is enough
 
 
 class TextWorldExpressEnv:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +45,48 @@ def is_local(path_or_id: str) -> bool:
     return Path(s).exists() or s.startswith(("/", ".", "~")) or s.count("/") >= 2
 
 
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub may not be reached (HF_HUB_OFFLINE=1: the Makefile and
+    ``setup_runtime`` set it), read from the environment as well as from huggingface_hub (whose
+    constant is fixed when it is imported)."""
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return bool(constants.HF_HUB_OFFLINE) or env.strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id`` (its config or tokenizer config);
+    looks at files only, never at the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            if isinstance(try_to_load_from_cache(repo_id, name), str):
+                return True
+        except Exception:  # not a valid repo id at all
+            return False
+    return False
+
+
+def how_to_get(path_or_id: str) -> str:
+    """The remedy for a policy that is neither a local folder nor loadable offline."""
+    return (f"If it is a hub id (check its spelling), download the weights on a machine with internet: "
+            f"`hf download {path_or_id}` (`huggingface-cli download {path_or_id}` with huggingface_hub < 1.0) "
+            f"and copy the Hugging Face cache or the model folder here; or point model.path / eval.policy "
+            f"at a local checkpoint folder")
+
+
 def check_checkpoint(path_or_id: str) -> None:
-    """A clear error for a local checkpoint that is missing or not a model folder."""
+    """A clear error for a local checkpoint that is missing or not a model folder, and for a hub
+    id that cannot be loaded offline (neither a local folder nor in the Hugging Face cache)."""
     if not is_local(path_or_id):
+        if hub_offline() and not in_hub_cache(path_or_id):
+            from huggingface_hub import constants
+
+            raise CheckpointError(
+                f"{path_or_id}: not a local folder, and not in the Hugging Face cache ({constants.HF_HUB_CACHE}); "
+                f"HF_HUB_OFFLINE=1 (the Makefile sets it), so nothing is downloaded. {how_to_get(path_or_id)}")
         return
     p = Path(path_or_id).expanduser()
     if not p.is_dir():
@@ -75,16 +116,33 @@ def _check_safetensors(f: Path) -> None:
 def load_tokenizer(path_or_id: str, trust_remote_code: bool = False, chat_template: str | None = None):
     """``chat_template`` replaces the checkpoint's (``model.chat_template``): the saved policy
     then carries it to every later stage."""
+    check_checkpoint(path_or_id)
     from transformers import AutoTokenizer
 
-    check_checkpoint(path_or_id)
-    tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
+    with _naming(path_or_id):
+        tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
     if chat_template:
         tok.chat_template = chat_template
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
+
+
+@contextmanager
+def _naming(path_or_id: str):
+    """A hub id that the hub did not give (a mistyped id, no connection, a gated model): an
+    error that names it and says how to get the weights, instead of the hub's bare message."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except OSError as exc:
+        if is_local(path_or_id):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path_or_id}: not a local folder, and the Hugging Face hub did not give it "
+                              f"({first}). {how_to_get(path_or_id)}") from exc
 
 
 def bnb_kwargs(quantization: dict[str, Any], dtype: str) -> dict[str, Any]:
@@ -125,12 +183,12 @@ def load_model(path_or_id: str, dtype: str = "float32", trust_remote_code: bool 
     With ``quantization`` (e.g. ``{load_in_4bit: true, bnb_4bit_quant_type: nf4}``) the weights
     are loaded by bitsandbytes straight onto this process's GPU (4-bit weights cannot move).
     """
+    check_checkpoint(path_or_id)
     import torch
     from transformers import AutoModelForCausalLM
 
     from ..distributed import local_device
 
-    check_checkpoint(path_or_id)
     if device == "auto":
         device = local_device()
     if quantization:
@@ -140,7 +198,8 @@ def load_model(path_or_id: str, dtype: str = "float32", trust_remote_code: bool 
 
         kwargs.update(quantization_config=BitsAndBytesConfig(**bnb_kwargs(quantization, dtype)),
                       device_map={"": device})
-    model = AutoModelForCausalLM.from_pretrained(
-        path_or_id, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code,
-        use_safetensors=True, **kwargs)
+    with _naming(path_or_id):
+        model = AutoModelForCausalLM.from_pretrained(
+            path_or_id, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code,
+            use_safetensors=True, **kwargs)
     return model if quantization else model.to(device)
