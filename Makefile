@@ -15,7 +15,7 @@ DEMO_ARGS ?= eto.iterations=2 'compare.splits=[seen]'
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model bc eval eto-iter eto compare-contrast demo report sweep-table export test rehearse bench clean help
+.PHONY: setup experts model pretrain bc eval eto-iter eto compare-contrast demo report sweep-table export test rehearse bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -34,6 +34,9 @@ experts: setup ## expert (gold-path) trajectories of the training tasks
 
 model: experts ## build the offline tiny base model (tokenizer + small Llama), no download
 	$(PY) scripts/build_model.py $(ARGS)
+
+pretrain: setup ## pretrain a small causal LM on text-game transcripts (configs/pretrain; base in runs/<run>/pretrain/model)
+	$(PY) scripts/pretrain.py $(ARGS)
 
 bc: model ## behavior cloning (SFT on expert actions only)
 	$(TRAIN) scripts/bc.py $(ARGS)
