@@ -3,20 +3,37 @@
 A stage writes into its own folder with ``manifest.json``: the config sections it used (and
 their hash), its inputs' content hashes, library versions, thread counts, metrics and status.
 A finished stage whose config and inputs are unchanged is skipped (and says so).
+
+Three rules keep what was written (see :class:`Stage`):
+
+- one writer per stage folder: a lock file beside it (holder's pid, host, start time), taken
+  before the stage reads or touches anything and released when it finishes; a second process
+  on the same stage stops with :class:`StageLocked` (it does not wait);
+- check, then touch: a stage reads and checks its inputs before :meth:`Stage.begin`, the first
+  call that writes;
+- a finished result is replaced only by a whole new one: a stage that declares its ``outputs``
+  reruns a finished folder in ``<folder>/.next/`` and swaps the new outputs in when it finishes
+  (a swap cut by a kill is completed by the next run), so a failed rerun leaves the last good
+  result and its "done" manifest in place.
 """
 
 from __future__ import annotations
 
+import atexit
+import errno
 import hashlib
 import json
 import os
 import platform
+import shutil
+import socket
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from .distributed import is_main
 from .store import write_json
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers",
@@ -123,15 +140,182 @@ def config_hash(section: Any) -> str:
     return hashlib.sha256(json.dumps(section, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+NEXT, OLD = ".next", ".old"  # a rerun of a finished stage works in NEXT; OLD holds what a swap replaces
+
+
+class StageLocked(RuntimeError):
+    """Another live process is running the same stage (its lock file names it)."""
+
+
+_held: dict[str, tuple[int, int]] = {}  # lock file -> (descriptor holding its flock, pid that took it)
+
+
+def lock_path(stage_dir: str | os.PathLike) -> Path:
+    """The lock file of a stage folder: beside it, so that it is never part of the folder's content."""
+    d = Path(stage_dir)
+    return d.parent / f".{d.name}.lock"
+
+
+def _read_lock(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(stage_dir: str | os.PathLike, name: str) -> Path:
+    """Take the stage's lock, or raise :class:`StageLocked` naming the live holder.
+
+    The lock is an ``flock`` on the lock file, which the kernel drops when its holder dies (even
+    by SIGKILL), so a lock left by a dead process is stale and simply taken over; the file says
+    who holds it (pid, host, start time) for the error message. Where the file system has no
+    ``flock``, the file alone decides: held unless its pid is no longer alive on this host.
+    Re-entrant within one process (a stage retried in the same process takes its own lock again).
+    """
+    path = lock_path(stage_dir)
+    key = os.path.abspath(path)
+    if key in _held and _held[key][1] == os.getpid():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            info = _read_lock(path)
+            if info.get("host") == host and isinstance(info.get("pid"), int) and not _pid_alive(info["pid"]):
+                info["pid"] = f"{info['pid']} (exited; a process it forked still holds the lock)"
+            _raise_locked(name, stage_dir, path, info)
+        except (ImportError, OSError) as exc:  # no flock here: the pid rule
+            if isinstance(exc, OSError) and exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                os.close(fd)
+                raise
+            info = _read_lock(path)
+            pid = info.get("pid")
+            if info and pid != os.getpid() and (info.get("host") != host or (isinstance(pid, int) and _pid_alive(pid))):
+                os.close(fd)
+                _raise_locked(name, stage_dir, path, info)
+        try:  # the file may have been released (unlinked) between our open and our flock: retry then
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    info = {"pid": os.getpid(), "host": host, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage": name,
+            "command": " ".join(sys.argv)[:500]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode(), 0)
+    os.fsync(fd)
+    _held[key] = (fd, os.getpid())
+    return path
+
+
+def _raise_locked(name: str, stage_dir, path: Path, info: dict[str, Any]) -> None:
+    who = (f"pid {info.get('pid')} on {info.get('host')}, since {info.get('started_at')}"
+           + (f": {info['command']}" if info.get("command") else "")) if info else "a process that is still starting"
+    raise StageLocked(f"[{name}] {stage_dir} is being written by another process ({who}; lock file {path}). "
+                      f"One writer per stage: this process stopped before touching it. Let the other one finish "
+                      f"(or stop it), then run again.")
+
+
+def release_lock(stage_dir: str | os.PathLike) -> None:
+    """Drop the stage's lock if this process holds it (the file is removed first, then the flock)."""
+    _release(lock_path(stage_dir))
+
+
+def _release(path: Path) -> None:
+    fd, pid = _held.pop(os.path.abspath(path), (None, None))
+    if fd is None:
+        return
+    if pid != os.getpid():  # a forked child: the lock is its parent's
+        os.close(fd)
+        return
+    try:
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@atexit.register
+def _release_all() -> None:  # a process that ends (an error included) leaves no lock file behind
+    for key in list(_held):
+        _release(Path(key))
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif p.exists() or p.is_symlink():
+        p.unlink()
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class Stage:
-    """A stage's folder and manifest. Use ``if stage.done(): return`` then ``stage.finish(...)``."""
+    """A stage's folder and manifest: ``if stage.done(): return``, check the inputs, ``stage.begin()``,
+    write under ``stage.work``, then ``stage.finish(...)``.
+
+    ``done()`` takes the stage's lock (main process only; :class:`StageLocked` when another live
+    process holds it) and keeps it unless the stage is up to date; ``finish()`` (or ``release()``)
+    drops it. Nothing is written before ``begin()``, so a stage that checks its inputs between
+    ``done()`` and ``begin()`` fails without touching its folder.
+
+    ``outputs`` (the names of the files and folders the stage writes in its folder) let a rerun
+    of a *finished* stage (other config or inputs) work aside: ``stage.work`` is then
+    ``<folder>/.next``; the manifest in the folder stays "done" and its outputs stay in place
+    until ``finish()``, which marks ``.next`` done (the commit) and swaps every output name in
+    (an old output the new run did not write is removed). A kill during the swap is completed by
+    the next ``done()``/``begin()``; an uncommitted ``.next`` of another config is discarded, one
+    of the same config is resumed. A stage that was never finished (first run, or killed before
+    it finished) works in its folder, as before: an interrupted run of the same config resumes
+    there. Without ``outputs``, ``stage.work`` is always the folder.
+    """
 
     def __init__(self, name: str, out_dir: str | os.PathLike, config: dict[str, Any],
-                 inputs: dict[str, str | os.PathLike] | None = None):
+                 inputs: dict[str, str | os.PathLike] | None = None, outputs: list[str] | None = None):
         self.name, self.dir, self.config = name, Path(out_dir), config
         self.inputs = {k: str(v) for k, v in (inputs or {}).items()}
+        self.outputs = list(outputs) if outputs else None
         self.manifest_path = self.dir / "manifest.json"
+        self.work = self.dir
         self.started = time.time()
+        self._locked = False
 
     def _input_hashes(self) -> dict[str, str]:
         out = {}
@@ -142,47 +326,135 @@ class Stage:
             out[k] = file_sha256(v)
         return out
 
-    def done(self) -> bool:
-        """True when a finished manifest matches this config and these inputs."""
+    def _same(self, manifest: dict[str, Any] | None) -> bool:
+        return bool(manifest) and manifest.get("config_hash") == config_hash(self.config) \
+            and manifest.get("input_hashes") == self.input_hashes
+
+    def _prepare(self, lock: bool) -> None:
+        """Take the lock (main process), complete a committed swap, decide where this run writes."""
+        if lock and is_main():
+            acquire_lock(self.dir, self.name)
+            self._locked = True
+            self._roll_forward()
+        finished = (_read_manifest(self.manifest_path) or {}).get("status") == "done"
+        self.work = self.dir / NEXT if self.outputs and finished else self.dir
+
+    def done(self, lock: bool = True) -> bool:
+        """True when a finished manifest matches this config and these inputs.
+
+        Takes the stage's lock first (``lock=False``: a look at a finished copy elsewhere, e.g. a
+        sweep's cache, which takes none); the lock is kept when the stage has work to do."""
         self.input_hashes = self._input_hashes()
-        if not self.manifest_path.exists():
-            return False
-        try:
-            old = json.loads(self.manifest_path.read_text())
-        except json.JSONDecodeError:
-            return False
-        same = (old.get("status") == "done" and old.get("config_hash") == config_hash(self.config)
-                and old.get("input_hashes") == self.input_hashes)
+        self._prepare(lock)
+        old = _read_manifest(self.manifest_path)
+        same = bool(old) and old.get("status") == "done" and self._same(old)
         if same:
             print(f"[{self.name}] up to date in {self.dir} (same config and inputs): nothing to do")
+            if self._locked:
+                self._discard(self.dir / NEXT)  # a rerun of another config that never finished
+                self._discard(self.dir / OLD)
+            self.release()
         return same
 
     def begin(self) -> bool:
-        """Mark the stage running. True when partial work in the folder may be resumed
-        (an interrupted run with the same config and inputs); False means start clean."""
+        """Mark the stage running (the first write of a run: check every input before it).
+
+        True when partial work in ``self.work`` may be resumed (an interrupted run with the same
+        config and inputs); False means start clean. On a finished stage (with ``outputs``) this
+        run works in ``.next`` and the folder's "done" manifest and outputs stay as they are."""
         if not hasattr(self, "input_hashes"):
             self.input_hashes = self._input_hashes()
-        resumable = False
-        if self.manifest_path.exists():
-            try:
-                old = json.loads(self.manifest_path.read_text())
-                resumable = (old.get("config_hash") == config_hash(self.config)
-                             and old.get("input_hashes") == self.input_hashes)
-            except json.JSONDecodeError:
-                pass
-        write_json(self.manifest_path, {
-            "stage": self.name, "status": "running", "config": self.config,
-            "config_hash": config_hash(self.config), "inputs": self.inputs,
-            "input_hashes": self.input_hashes, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        if not self._locked:
+            self._prepare(lock=True)
+        manifest = {"stage": self.name, "status": "running", "config": self.config,
+                    "config_hash": config_hash(self.config), "inputs": self.inputs,
+                    "input_hashes": self.input_hashes, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        main = is_main()  # the other processes of `accelerate launch` read, they never write the manifest
+        if self.work != self.dir:  # a finished result stays in place until this run is whole
+            old = _read_manifest(self.work / "manifest.json")
+            resumable = bool(old) and old.get("status") == "running" and self._same(old)
+            if main:
+                if not resumable:
+                    self._discard(self.work)
+                self.work.mkdir(parents=True, exist_ok=True)
+                write_json(self.work / ".outputs", self.outputs)
+                write_json(self.work / "manifest.json", manifest)
+            return resumable
+        resumable = self._same(_read_manifest(self.manifest_path))
+        if main:
+            self._discard(self.dir / NEXT)
+            write_json(self.manifest_path, manifest)
         return resumable
 
     def finish(self, metrics: dict[str, Any] | None = None, **extra: Any) -> None:
-        write_json(self.manifest_path, {
+        manifest = {
             "stage": self.name, "status": "done", "config": self.config,
             "config_hash": config_hash(self.config), "inputs": self.inputs,
             "input_hashes": getattr(self, "input_hashes", None) or self._input_hashes(),
             "versions": versions(), "threads": _threads(), "seconds": round(time.time() - self.started, 2),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "metrics": metrics or {}, **extra})
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "metrics": metrics or {}, **extra}
+        if self.work != self.dir:
+            write_json(self.work / "manifest.json", manifest)  # the commit: the new result is whole
+            self._roll_forward()
+            self.work = self.dir
+        else:
+            write_json(self.manifest_path, manifest)
+        self.release()
+
+    def adopt(self, src: str | os.PathLike, names: list[str]) -> None:
+        """Make a finished copy of this very stage (same config and inputs, e.g. in a sweep's cache)
+        this stage's result: copied into ``.next`` with its manifest, then swapped in whole."""
+        src, nxt = Path(src), self.dir / NEXT
+        self._discard(nxt)
+        nxt.mkdir(parents=True)
+        write_json(nxt / ".outputs", self.outputs or names)
+        for name in names:
+            (shutil.copytree if (src / name).is_dir() else shutil.copyfile)(src / name, nxt / name)
+        shutil.copyfile(src / "manifest.json", nxt / ".manifest.json.tmp")
+        os.replace(nxt / ".manifest.json.tmp", nxt / "manifest.json")  # the commit
+        self._roll_forward()
+        self.work = self.dir
+        self.release()
+
+    def release(self) -> None:
+        """Drop the stage's lock (idempotent; finish() and an up-to-date done() call it)."""
+        if self._locked:
+            release_lock(self.dir)
+            self._locked = False
+
+    def _discard(self, p: Path) -> None:
+        if p.exists():
+            _remove(p)
+
+    def _roll_forward(self) -> None:
+        """Swap a committed ``.next`` (its manifest says done) into the folder; idempotent, so a
+        swap cut by a kill is completed by whichever run comes next.
+
+        Phase 1 moves every output name the folder has to ``.old``; ``.next/.phase2`` then marks
+        that the folder holds no old output any more; phase 2 moves the new outputs in, then the
+        manifest (so the folder's manifest says done only over the new outputs)."""
+        nxt, old = self.dir / NEXT, self.dir / OLD
+        m = _read_manifest(nxt / "manifest.json")
+        if not m or m.get("status") != "done":
+            return
+        outputs = json.loads((nxt / ".outputs").read_text())
+        if not (nxt / ".phase2").exists():
+            old.mkdir(exist_ok=True)
+            for name in outputs:
+                cur = self.dir / name
+                if cur.exists() or cur.is_symlink():
+                    self._discard(old / name)
+                    os.rename(cur, old / name)
+            _fsync_dir(self.dir)
+            write_json(nxt / ".phase2", {"outputs": outputs})
+        for name in outputs:
+            if (nxt / name).exists():
+                self._discard(self.dir / name)
+                os.rename(nxt / name, self.dir / name)
+        os.replace(nxt / "manifest.json", self.manifest_path)
+        _fsync_dir(self.dir)
+        self._discard(nxt)
+        self._discard(old)
 
 
 def _threads() -> int:

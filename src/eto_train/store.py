@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -19,9 +19,20 @@ from .records import Episode, RecordError
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` whole: a temporary file beside ``path``, fsynced, then renamed over it.
+
+    The temporary file is created with mode 0666 and the process's umask, like any file the
+    process opens (``tempfile.mkstemp`` would make it 0600, and the rename would keep that:
+    teammates could not read the manifests)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    while True:
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -29,7 +40,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -45,7 +56,7 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # less the umask
     try:
         for row in rows:
             line = (json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")

@@ -28,6 +28,7 @@ from ..pairs import Pair
 from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
 from ..store import write_atomic, write_json
 from ..training.sft import train_sft
+from ..validate import check_config
 from . import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
@@ -81,17 +82,27 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, ou
     chosen = [p.prompt + p.chosen for p in vpairs]
     stage = Stage("compare/control", out, {"model": to_plain(cfg.model), "train": train, "seed": cfg.seed,
                                            "control_of": variant_dir.name, "conversations": len(chosen)},
-                  inputs={"policy": policy_path, "pairs": variant_dir / "pairs" / "pairs.jsonl"})
+                  inputs={"policy": policy_path, "pairs": variant_dir / "pairs" / "pairs.jsonl"},
+                  outputs=["model", "checkpoints", "adapter"])
     if stage.done():
         return str(out / "model")
-    resume = stage.begin()  # True: an interrupted run of this config, resumed from its last checkpoint
-    trained = train_sft(chosen, name=stage.name, base=policy_path, out=out, train=train,
-                        model=to_plain(cfg.model), seed=cfg.seed, resume=resume,
-                        report_to=setup_wandb(to_plain(cfg.wandb), out),
-                        trust_remote_code=cfg.trust_remote_code, console=console)
-    if not is_main():  # under accelerate: the main process writes the manifest once the model is saved
-        wait_for_manifest(stage.manifest_path, config_hash(stage.config))
-        return str(out / "model")
+    try:
+        # check, then touch: the model, tokenizer and arguments load before begin(); a finished
+        # control stays in place while a rerun trains in stage.work (.next)
+        trained = train_sft(chosen, name=stage.name, base=policy_path, out=stage.work, train=train,
+                            model=to_plain(cfg.model), seed=cfg.seed, begin=stage.begin,
+                            report_to=setup_wandb(to_plain(cfg.wandb), out),
+                            trust_remote_code=cfg.trust_remote_code, console=console)
+        if not is_main():  # under accelerate: the main process writes the manifest once the model is saved
+            wait_for_manifest(stage.manifest_path, config_hash(stage.config))
+            return str(out / "model")
+        _finish_control(stage, trained, train, steps, variant_dir, cfg, console, len(chosen), out)
+    finally:
+        stage.release()
+    return str(out / "model")
+
+
+def _finish_control(stage, trained, train, steps, variant_dir, cfg, console, n_chosen, out) -> None:
     result, eb = trained.result, train["effective_batch"]
     metrics = {"train_loss": result.training_loss, "train_seconds": result.metrics["train_runtime"],
                "optimizer_steps": trained.optimizer_steps, "effective_batch": trained.effective_batch,
@@ -106,13 +117,13 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, ou
         console.print(f"[{stage.name}] WARNING: {metrics['optimizer_steps']} steps of {metrics['effective_batch']} "
                       f"examples, but the {variant_dir.name} DPO took {steps} steps of {eb}")
     stage.finish(metrics, output=str(out / "model"))
-    console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {len(chosen)} chosen sides: "
+    console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {n_chosen} chosen sides: "
                   f"{metrics['optimizer_steps']} steps x {metrics['effective_batch']} examples "
                   f"(as its DPO), loss {metrics['train_loss']:.4f} -> {out / 'model'}")
-    return str(out / "model")
 
 
 def run(cfg) -> dict[str, Any]:
+    check_config(cfg)
     console = Console(width=120, markup=False)
     cc = cfg.compare
     control_of = cc.control_of

@@ -29,6 +29,7 @@ from ..envs import check_playable, make_env
 from ..evaluation import comparison
 from ..stage import to_plain
 from ..store import write_json
+from ..validate import check_config
 from . import bc, dpo, experts, explore, model, pairs
 from .evaluate import evaluate_policy
 
@@ -117,6 +118,7 @@ def latest_policy(cfg) -> tuple[int, str]:
 
 def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = None) -> dict[str, Any]:
     """One iteration from ``policy_path``; its policy is evaluated on the dev split, if one is set."""
+    check_config(cfg)
     sel = selection or check_selection(cfg, loop=False)
     out = iteration_dir(cfg, k)
     explored, continuations = explore.run(cfg, k, policy_path, out)
@@ -160,6 +162,7 @@ def _fmt(metric: str, value: float) -> str:
 
 
 def run(cfg) -> dict[str, Any]:
+    check_config(cfg)
     console = Console(markup=False)
     sel = check_selection(cfg)  # before any work: a bad selection setting must not cost a BC run
     metric, dev_split = sel.metric, sel.dev_split

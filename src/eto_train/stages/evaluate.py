@@ -6,7 +6,6 @@ evaluation resumes where it stopped (episodes already recorded are kept, none is
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,8 @@ from rich.console import Console
 from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
 from ..stage import setup_runtime, to_plain
+from ..store import write_json
+from ..validate import check_config
 from .rollouts import Rollouts
 
 
@@ -32,12 +33,13 @@ def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> 
         res = evaluate(episodes)
         res["policy"] = ref.id
         results[split] = res
-        (out / "metrics.json").write_text(json.dumps(res, indent=2, sort_keys=True))
+        write_json(out / "metrics.json", res)  # whole (temporary file, then rename), readable by the team
     rollouts.close()
     return results
 
 
 def run(cfg) -> None:
+    check_config(cfg)
     ev = cfg.eval
     results = evaluate_policy(cfg, ev.policy, ev.tag, list(ev.splits), Path(cfg.paths.run) / "eval" / ev.tag)
     policy_id = next(iter(results.values()))["policy"] if results else ev.policy

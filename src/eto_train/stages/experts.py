@@ -19,9 +19,11 @@ from ..experts import expert_episode
 from ..prompting import PromptConfig
 from ..stage import Stage, to_plain
 from ..store import write_jsonl
+from ..validate import check_config
 
 
 def run(cfg) -> None:
+    check_config(cfg)
     console = Console(markup=False)
     env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
     source = str(cfg.experts.source)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from ..experts import read_experts, usable
 from ..model.load import policy_ref
 from ..records import Episode
 from ..rollout import WorkItem
 from ..stage import setup_runtime, to_plain
-from ..store import read_episodes
 from .rollouts import Rollouts
 
 
@@ -43,7 +43,8 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
     sampling = {"max_new_tokens": cfg.eval.generation.max_new_tokens, "do_sample": ex.do_sample,
                 "temperature": ex.temperature, "top_p": ex.top_p}
     ref = policy_ref(policy_path, name=f"iter{iteration - 1}" if iteration > 1 else "bc")
-    rollouts = Rollouts(cfg, policy_path, ref, sampling=sampling, batch_size=ex.batch_size)
+    rollouts = Rollouts(cfg, policy_path, ref, sampling=sampling, batch_size=ex.batch_size,
+                        batch_key="eto.explore.batch_size")
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
     work = [WorkItem(t, s) for t in tasks for s in range(ex.samples)]
     share = Path(cfg.paths.base) / "cache" / "explore"  # sweep jobs exploring the same policy share it
@@ -53,7 +54,7 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
     pc = cfg.eto.pairs
     if pc.contrast in ("step", "mixture") and pc.step_positions != "first_divergence":
         ids = {t.task_id for t in tasks}
-        experts = {e.task_id: e for e in read_episodes(cfg.paths.experts) if e.task_id in ids and e.success}
+        experts = {e.task_id: e for e in read_experts(cfg.paths.experts) if e.task_id in ids and usable(e)}
         rng = random.Random(cfg.seed + iteration)
         by_id = {t.task_id: t for t in tasks}
         prefix_work = [WorkItem(by_id[tid], 0, tuple(s.action for s in e.steps[:t]))

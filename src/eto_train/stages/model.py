@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from ..experts import read_experts
 from ..model.tiny import build_tiny_model, save, train_tokenizer
 from ..records import to_messages
 from ..stage import Stage, setup_runtime, to_plain
-from ..store import read_episodes
+from ..validate import check_config
 
 
 def run(cfg) -> None:
+    check_config(cfg)
     console = Console(markup=False)
     if not cfg.model.build:
         console.print(f"[model] model.build=false: using {cfg.model.path} as it is")
@@ -24,7 +26,7 @@ def run(cfg) -> None:
                   inputs={"experts": cfg.paths.experts})
     if stage.done():
         return
-    texts = [m["content"] for ep in read_episodes(cfg.paths.experts) for m in to_messages(ep)]
+    texts = [m["content"] for ep in read_experts(cfg.paths.experts) for m in to_messages(ep)]
     tok = train_tokenizer(texts, **to_plain(cfg.model.tokenizer))
     model = build_tiny_model(tok, seed=cfg.seed, **to_plain(cfg.model.arch))
     save(model, tok, cfg.model.path)

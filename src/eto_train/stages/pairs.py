@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..experts import usable
+from ..experts import read_experts, usable
 from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
 from ..records import NOT_POLICY_FAULT, Episode
 from ..stage import to_plain
-from ..store import read_episodes, write_json, write_jsonl
+from ..store import write_json, write_jsonl
 
 
 def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
@@ -57,7 +57,7 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
 
 def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:
     console = Console(markup=False)
-    experts = {e.task_id: e for e in read_episodes(cfg.paths.experts) if usable(e)}
+    experts = {e.task_id: e for e in read_experts(cfg.paths.experts) if usable(e)}
     pairs, stats = build_pairs(cfg, experts, explored, continuations, cfg.seed + iteration)
     stats["config"] = to_plain(cfg.eto.pairs)
     write_jsonl(out / "pairs" / "pairs.jsonl", (p.to_dict() for p in pairs))

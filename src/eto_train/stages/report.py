@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from ..evaluation import comparison
 from ..stage import versions
 from ..store import read_episodes, write_atomic, write_json
+from ..validate import check_config
 
 
 def env_failures(path: Path) -> int:
@@ -29,7 +30,7 @@ def fault_accounts(run: Path) -> list[dict[str, Any]]:
     failures, and (when faults were injected) the injected count from the stage's manifest.
     ``cache/`` holds copies of stage outputs and is left out so nothing is counted twice."""
     rows = []
-    for file in sorted(run.rglob("episodes.jsonl")):
+    for file in sorted(f for f in run.rglob("episodes.jsonl") if ".next" not in f.parts):  # not a rerun set aside
         rel = file.parent.relative_to(run)
         if rel.parts[0] == "cache":
             continue
@@ -175,6 +176,7 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
 
 
 def run(cfg) -> Path:
+    check_config(cfg)
     if cfg.eto.dev_split is None:
         raise ValueError("make report: the report plots every iteration on the dev split, and this run has none "
                          "(eto.dev_split: null, the paper's profile: no selection); evaluate iterations with make eval")

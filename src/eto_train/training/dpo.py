@@ -77,7 +77,8 @@ def dpo_config(out_dir: str, d: dict[str, Any], seed: int, report_to: str) -> DP
         per_device_train_batch_size=d["batch_size"], gradient_accumulation_steps=d["grad_accum"],
         lr_scheduler_type=d["scheduler"], warmup_steps=d["warmup_ratio"], max_length=d["max_length"],
         precompute_ref_log_probs=d["precompute_ref_log_probs"],
-        logging_steps=d["logging_steps"], save_strategy=d["save_strategy"], save_steps=d.get("save_steps") or 500,
+        logging_steps=d["logging_steps"], logging_nan_inf_filter=False,  # NaN/Inf logged as is: stops training
+        save_strategy=d["save_strategy"], save_steps=d.get("save_steps") or 500,
         save_total_limit=d["save_total_limit"], bf16=d["bf16"], use_cpu=d["use_cpu"],
         activation_checkpointing=d["gradient_checkpointing"], seed=seed, data_seed=seed, report_to=report_to,
         disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False)

@@ -8,14 +8,110 @@ the model's dtype, so adapters are merged and 4-bit bases are never saved:
 - FSDP / ZeRO-3 (sharded weights) or QLoRA (a 4-bit base that cannot take a merge losslessly):
   the Trainer gathers and saves (a collective: every process calls it); an adapter is then
   merged by the main process into a fresh 16-bit copy of the base, loaded on the CPU.
+
+A saved policy is whole only when it loads and every weight is finite: :func:`save_policy`
+checks what it wrote (:func:`check_policy`) before the stage may mark itself done, training
+stops at the first non-finite loss or weight (:func:`finite_guard`), and rollouts refuse a
+checkpoint with non-finite weights before playing anything.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..distributed import is_main, world_size
-from ..model.load import load_model
+from ..model.load import CheckpointError, check_checkpoint, load_model
+
+
+class NonFiniteError(ValueError):
+    """NaN or Inf in a loss, a gradient norm or a weight; the message names the stage and step or file."""
+
+
+def check_finite_weights(path: str | Path) -> None:
+    """Raise :class:`NonFiniteError` naming the file and tensor when a weight of the safetensors
+    checkpoint at ``path`` is NaN or Inf. Reads one tensor at a time (memory-mapped)."""
+    import torch
+    from safetensors import safe_open
+
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                t = fh.get_tensor(key)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad = int((~torch.isfinite(t)).sum())
+                    raise NonFiniteError(f"{f}: weight {key!r} has {bad} non-finite value(s) (NaN/Inf) of {t.numel()}: "
+                                         f"this checkpoint is refused (re-run the stage that wrote it, e.g. with a "
+                                         f"lower learning rate)")
+
+
+def check_policy(path: str | Path, trust_remote_code: bool = False) -> None:
+    """A saved policy folder is whole: its config loads, its weights load and are finite."""
+    from transformers import AutoConfig
+
+    check_checkpoint(str(path))
+    try:
+        AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any failure to read it is the same verdict
+        raise CheckpointError(f"{path}/config.json: the model config does not load ({exc})") from None
+    check_finite_weights(path)
+
+
+def _first_nonfinite(model) -> str | None:
+    import torch
+
+    params = [(n, p) for n, p in model.named_parameters() if p.is_floating_point() and p.numel()]
+    if not params:
+        return None
+    flags = torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).cpu()
+    bad = (~flags).nonzero()
+    return params[int(bad[0])][0] if len(bad) else None
+
+
+def _any_rank(flag: bool) -> bool:
+    """True when ``flag`` is set on any process (training is data-parallel: all stop together)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    import torch
+
+    from ..distributed import local_device
+
+    t = torch.tensor([1.0 if flag else 0.0], device=local_device() if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+def finite_guard(stage: str):
+    """A TrainerCallback that stops training with :class:`NonFiniteError` at the first NaN/Inf
+    logged loss or gradient norm, or weight after an optimizer step (before that step's
+    checkpoint is saved); the message names the stage and the step."""
+    from transformers import TrainerCallback
+
+    class FiniteGuard(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self._check(model, state, f"before training (step {state.global_step}: the starting checkpoint is not finite)")
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self._check(model, state, f"after optimizer step {state.global_step}")
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            for key in ("loss", "grad_norm"):
+                v = (logs or {}).get(key)
+                if isinstance(v, (int, float)) and not math.isfinite(v):
+                    raise NonFiniteError(f"[{stage}] {key} is {v} at step {state.global_step}: training stopped, the "
+                                         f"stage is not marked done (lower the learning rate or check the data)")
+
+        def _check(self, model, state, when: str):
+            name = _first_nonfinite(model) if model is not None else None
+            if _any_rank(name is not None):
+                raise NonFiniteError(f"[{stage}] non-finite weights (NaN/Inf) {when}"
+                                     + (f", e.g. {name!r}" if name else " on another process")
+                                     + ": training stopped before saving them, the stage is not marked done (lower "
+                                       "the learning rate or check the data)")
+
+    return FiniteGuard()
 
 
 def is_quantized(model) -> bool:
@@ -33,14 +129,18 @@ def merge_adapter(base: str, adapter_dir: str | Path, out: str | Path, dtype: st
 
 
 def save_policy(trainer, tokenizer, out: str | Path, base: str, dtype: str,
-                trust_remote_code: bool = False) -> None:
-    """Write the trained policy to ``out``; ``base`` is the checkpoint training started from."""
+                trust_remote_code: bool = False, stage: str | None = None) -> None:
+    """Write the trained policy to ``out``; ``base`` is the checkpoint training started from.
+
+    The main process then checks what it wrote (:func:`check_policy`): an error naming
+    ``stage`` when it does not load or a weight is not finite, so the stage is never done on it."""
     out, model = Path(out), trainer.model
     peft = hasattr(model, "peft_config")
     if world_size() == 1 and not is_quantized(model):
         final = model.merge_and_unload() if peft else model
         final.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
+        _verify(out, stage, trust_remote_code)
         return
     target = out.parent / "adapter" if peft else out
     trainer.save_model(str(target))  # gathers FSDP / ZeRO-3 shards; only the main process writes
@@ -50,3 +150,12 @@ def save_policy(trainer, tokenizer, out: str | Path, base: str, dtype: str,
     if peft:
         merge_adapter(base, target, out, dtype, trust_remote_code)
     tokenizer.save_pretrained(out)
+    _verify(out, stage, trust_remote_code)
+
+
+def _verify(out: Path, stage: str | None, trust_remote_code: bool) -> None:
+    try:
+        check_policy(out, trust_remote_code)
+    except (CheckpointError, NonFiniteError) as exc:
+        raise type(exc)(f"[{stage or 'training'}] the saved policy is not whole, the stage is not marked done: "
+                        f"{exc}") from None

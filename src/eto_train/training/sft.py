@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..experts import usable
 from ..records import Episode, to_messages
@@ -65,6 +65,7 @@ def sft_config(out_dir: str, train: dict[str, Any], seed: int, report_to: str):
         num_train_epochs=train["epochs"],
         max_steps=train.get("max_steps") or -1,
         logging_steps=train["logging_steps"],
+        logging_nan_inf_filter=False,  # a NaN/Inf loss is logged as it is, and stops training (save.finite_guard)
         save_strategy=train["save_strategy"],
         save_steps=train.get("save_steps") or 500,
         save_total_limit=train["save_total_limit"],
@@ -128,8 +129,9 @@ def peft_config_of(lora: dict[str, Any] | None):
 
 
 def train_sft(convs: list[list[dict[str, str]]], *, name: str, base: str, out: str | Path,
-              train: dict[str, Any], model: dict[str, Any], seed: int, resume: bool,
-              report_to: str = "none", trust_remote_code: bool = False, console=None) -> SFTRun:
+              train: dict[str, Any], model: dict[str, Any], seed: int, resume: bool = False,
+              report_to: str = "none", trust_remote_code: bool = False, console=None,
+              begin: Callable[[], bool] | None = None) -> SFTRun:
     """SFT of ``base`` on the chat conversations ``convs``: setup, train, save to ``out/model``.
 
     ``name`` is the stage's name (log prefix and test kill point, :mod:`eto_train.faultpoints`);
@@ -138,13 +140,17 @@ def train_sft(convs: list[list[dict[str, str]]], *, name: str, base: str, out: s
     (``dtype``, ``lora``, ``quantization``, ``chat_template``). Checkpoints go to
     ``out/checkpoints``; with ``resume`` (:meth:`eto_train.stage.Stage.begin`'s answer) the
     last complete one is resumed (weights, optimizer, scheduler, RNG), else they are removed.
-    The saved policy is one plain checkpoint (adapters merged; gathered from all processes).
+    With ``begin`` (the stage's :meth:`~eto_train.stage.Stage.begin`), it is called once the
+    tokenizer, the tokenized conversations, the training arguments and the model have loaded,
+    before anything is written, and its answer replaces ``resume``: check, then touch.
+    Training stops at the first non-finite loss or weight; the saved policy is one plain
+    checkpoint (adapters merged; gathered from all processes), checked to load and be finite.
     """
     from .. import faultpoints
     from ..distributed import with_grad_accum
     from ..model.load import load_model, load_tokenizer
     from .resume import resume_checkpoint
-    from .save import save_policy
+    from .save import finite_guard, save_policy
 
     out = Path(out)
     if console is None:
@@ -152,16 +158,18 @@ def train_sft(convs: list[list[dict[str, str]]], *, name: str, base: str, out: s
 
         console = Console(markup=False)
 
-    # -- setup ---------------------------------------------------------------------------------
+    # -- setup: everything read and checked before the stage writes ------------------------------
     tokenizer = load_tokenizer(base, trust_remote_code=trust_remote_code,
                                chat_template=model.get("chat_template"))
     dataset = conversation_dataset(convs, tokenizer)
+    args = sft_config(str(out / "checkpoints"), with_grad_accum(train), seed, report_to)
     policy = load_model(base, dtype=model["dtype"], trust_remote_code=trust_remote_code,
                         quantization=model.get("quantization"))
-    trainer = make_trainer(policy, tokenizer, dataset,
-                           sft_config(str(out / "checkpoints"), with_grad_accum(train), seed, report_to),
-                           peft_config_of(model.get("lora")))
+    if begin is not None:
+        resume = begin()
+    trainer = make_trainer(policy, tokenizer, dataset, args, peft_config_of(model.get("lora")))
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    trainer.add_callback(finite_guard(name))
 
     # -- train (resumes from the last checkpoint of an interrupted run) -------------------------
     if (kill := faultpoints.trainer_callback(name)) is not None:  # tests only
@@ -172,6 +180,6 @@ def train_sft(convs: list[list[dict[str, str]]], *, name: str, base: str, out: s
     result = trainer.train(resume_from_checkpoint=ckpt)
 
     # -- save: one plain checkpoint downstream (adapters merged; gathered from all processes) ---
-    save_policy(trainer, tokenizer, out / "model", base, model["dtype"], trust_remote_code)
+    save_policy(trainer, tokenizer, out / "model", base, model["dtype"], trust_remote_code, stage=name)
     return SFTRun(trainer=trainer, result=result, resumed_from=ckpt, conversations=len(dataset),
                   trainable_parameters=trainable)
