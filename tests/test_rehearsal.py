@@ -121,10 +121,10 @@ def test_qlora_experiment_stops_with_a_clear_error_before_writing(name, fixtures
     assert not Path(cfg.paths.bc).exists()
 
 
-def released_sft_file(cfg, path: Path) -> Path:
-    """A file in the authors' released SFT schema for this config's training tasks, written here
+def released_entries(cfg, thought: str = "next I should") -> list[dict]:
+    """Entries in the authors' released SFT schema for this config's training tasks, written here
     (never their data): the gold paths played through the environment, each action with a
-    written thought, after the instruction turn and "OK"; plus one entry of no task."""
+    written thought, after the instruction turn and "OK"."""
     from eto_train.envs import make_env
     from eto_train.experts import expert_episode
     from eto_train.prompting import PromptConfig
@@ -138,11 +138,17 @@ def released_sft_file(cfg, path: Path) -> Path:
             conv = [{"from": "human", "value": ep.system}, {"from": "gpt", "value": "OK"},
                     {"from": "human", "value": ep.first_user}]
             for s in ep.steps:
-                conv += [{"from": "gpt", "value": f"Thought: next I should {s.action}.\nAction: {s.action}"},
+                conv += [{"from": "gpt", "value": f"Thought: {thought} {s.action}.\nAction: {s.action}"},
                          {"from": "human", "value": s.observation}]
             entries.append({"id": task.task_id, "conversations": conv[:-1]})
     finally:
         env.close()
+    return entries
+
+
+def released_sft_file(cfg, path: Path) -> Path:
+    """:func:`released_entries` plus one entry of no task, as a JSON list (the authors' files)."""
+    entries = released_entries(cfg)
     entries.append({"id": "99_0", "conversations": entries[0]["conversations"]})
     path.write_text(json.dumps(entries, indent=4))
     return path

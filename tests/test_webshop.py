@@ -300,13 +300,9 @@ def test_paper_experiment_on_the_fake_shop_with_experts_imported_from_the_releas
     """experiment=webshop_llama2_7b on the Llama-2 fixture (real tokenizer and template): the
     authors' prompt, experts from a file in the released schema (one with a reward below 1, kept
     as the authors keep it), bc -> one eto-iter -> eval."""
-    from test_rehearsal import CPU, SIZE as PAPER_SIZE, check_run, rehearse
+    from test_rehearsal import CPU, SIZE as PAPER_SIZE, check_run, released_entries, rehearse
 
-    from eto_train.envs import make_env
-    from eto_train.experts import expert_episode
     from eto_train.model.fixtures import build_fixture_model
-    from eto_train.prompting import PromptConfig
-    from eto_train.stage import to_plain
     from eto_train.store import read_episodes
 
     data = write_splits(tmp_path / "data")
@@ -314,18 +310,9 @@ def test_paper_experiment_on_the_fake_shop_with_experts_imported_from_the_releas
             "env.splits.train=train.json", "env.splits.seen=seen.json", "env.limit=2",
             f"model.path={build_fixture_model('llama2', tmp_path / 'llama2')}", f"paths.runs={tmp_path / 'runs'}",
             *[o for o in PAPER_SIZE if not o.startswith(("env.step_limit", "eval.splits"))], *CPU]
-    cfg = _compose(over + ["experts.source=unused"])
-    env, prompt = make_env(to_plain(cfg.env)), PromptConfig(**to_plain(cfg.prompt))
-    entries = []
-    for i, task in enumerate(env.tasks("train")):
-        ep = expert_episode(env, task, prompt)
-        conv = [{"from": "human", "value": ep.system}, {"from": "gpt", "value": "OK"},
-                {"from": "human", "value": ep.first_user}]
-        for s in ep.steps:
-            conv += [{"from": "gpt", "value": f"Thought: I think I should {s.action}.\nAction: {s.action}"},
-                     {"from": "human", "value": s.observation}]
-        entries.append({"id": int(task.task_id), "reward": 1.0 if i == 0 else 0.5, "conversations": conv[:-1]})
-    env.close()
+    entries = released_entries(_compose(over + ["experts.source=unused"]), thought="I think I should")
+    for i, e in enumerate(entries):  # the authors' WebShop file: integer ids, each with its reward
+        e.update(id=int(e["id"]), reward=1.0 if i == 0 else 0.5)
     source = tmp_path / "webshop_sft.json"
     source.write_text(json.dumps(entries, indent=4))
     out = rehearse(over + [f"experts.source={source}"])

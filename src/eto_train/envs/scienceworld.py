@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import EnvironmentFailure, EnvironmentTimeout, StepResult, Task
+from .jvm import stop_jvm
 
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs every gateway start at INFO
 
@@ -66,20 +67,7 @@ def _stop_jvm(proc: subprocess.Popen, gateways: list, owner: int) -> None:
     """End one simulator JVM (a module function: the finalizer must not hold the host)."""
     if os.getpid() != owner:  # a forked child inherited the finalizer: the JVM is not its own
         return
-    for gw in gateways:
-        try:
-            gw.close()  # our sockets only
-        except Exception:
-            pass
-        # Java proxies that Python collects later (cyclic garbage) would each try to reach the
-        # stopped JVM and log a connection error; with the client marked closed they do nothing.
-        gw._gateway_client.is_connected = False
-    try:
-        proc.stdin.close()  # die_on_exit: the JVM exits when its stdin closes
-        proc.wait(timeout=5)
-    except Exception:
-        proc.kill()
-        proc.wait()
+    stop_jvm(proc, gateways)
 
 
 class _Host:

@@ -17,6 +17,7 @@ from importlib.metadata import version as pkg_version
 from typing import Any
 
 from .base import EnvironmentFailure, StepResult, Task
+from .jvm import stop_jvm
 
 # Action templates shown to the agent in the system prompt (from the games' valid-action lists).
 ACTION_FORMS: dict[str, list[str]] = {
@@ -67,20 +68,7 @@ class _Host:
 
 def _stop(proc, gateway) -> None:
     """End the JVM quietly, whether it is alive or already gone."""
-    if gateway is not None:
-        try:
-            gateway.close()  # our sockets only
-        except Exception:
-            pass
-        # Java proxies collected later would each try to reach the stopped JVM and log an error;
-        # with the client marked closed they do nothing.
-        gateway._gateway_client.is_connected = False
-    try:
-        proc.stdin.close()  # die_on_exit: the JVM exits when its stdin closes
-        proc.wait(timeout=5)
-    except Exception:
-        proc.kill()
-        proc.wait()
+    stop_jvm(proc, [gateway] if gateway is not None else [])
 
 
 class _SharedJVM:
