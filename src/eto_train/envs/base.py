@@ -73,3 +73,45 @@ class Environment(Protocol):
         """Short templates of the actions a game accepts, for the system prompt."""
 
     def close(self) -> None: ...
+
+
+class EnvWrapper:
+    """An environment around another (``inner``): every call passes through unless a subclass
+    changes it; adapter-specific extras (e.g. WebShop's ``check_playable``) are forwarded too."""
+
+    def __init__(self, env: Environment) -> None:
+        self.inner = env
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def version(self) -> str:
+        return self.inner.version
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.inner.tasks(split)
+
+    def max_steps(self, task: Task) -> int:
+        return self.inner.max_steps(task)
+
+    def reset(self, task: Task, *args: Any, **kwargs: Any) -> tuple[str, StepResult]:
+        return self.inner.reset(task, *args, **kwargs)
+
+    def step(self, action: str) -> StepResult:
+        return self.inner.step(action)
+
+    def expert_actions(self, task: Task) -> list[str]:
+        return self.inner.expert_actions(task)
+
+    def action_forms(self, game: str) -> list[str]:
+        return self.inner.action_forms(game)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, attr: str) -> Any:  # only for names not found above
+        if attr == "inner":
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)

@@ -47,7 +47,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .base import Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
+from .base import Environment, EnvironmentFailure, EnvironmentTimeout, EnvWrapper, StepResult, Task
 
 KINDS = ("timeout", "crash", "malformed")  # checked in this order; at most one fault per call
 
@@ -210,12 +210,12 @@ def _garble(res: StepResult, pick: float) -> StepResult:
     return replace(res, reward=float("nan"))
 
 
-class FaultyEnv:
+class FaultyEnv(EnvWrapper):
     """An environment that injects configured faults into ``reset`` and ``step`` calls."""
 
     def __init__(self, env: Environment, faults: FaultConfig | dict[str, Any],
                  ledger: FaultLedger | None = None) -> None:
-        self.inner = env
+        super().__init__(env)
         self.faults = faults if isinstance(faults, FaultConfig) else FaultConfig.from_dict(faults)
         self.ledger = ledger if ledger is not None else ledger_for(self.faults)
         self._task: Task | None = None
@@ -223,35 +223,10 @@ class FaultyEnv:
         self._exempt = False  # this episode replays a gold path: no faults
         self._gold_task: str | None = None
 
-    # -- pass-through ------------------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def version(self) -> str:
-        return self.inner.version
-
-    def tasks(self, split: str) -> list[Task]:
-        return self.inner.tasks(split)
-
-    def max_steps(self, task: Task) -> int:
-        return self.inner.max_steps(task)
-
-    def action_forms(self, game: str) -> list[str]:
-        return self.inner.action_forms(game)
-
+    # -- pass-through (EnvWrapper), except that a gold path's replay is exempt from faults -----
     def expert_actions(self, task: Task) -> list[str]:
         self._gold_task = task.task_id
         return self.inner.expert_actions(task)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, attr: str) -> Any:  # adapter-specific extras (only when not found above)
-        if attr == "inner":
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
 
     # -- episode -----------------------------------------------------------------------------
     @property

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from .base import Environment, Task
+from .base import Environment, EnvWrapper, Task
 
 HOLDOUT_SEED = 0  # fixed: the dev split must not move when a run changes its training seed
 SOURCE, DEV = "train", "dev"
@@ -87,21 +87,14 @@ def choose_holdout(train: list[Task], n: int, exclude: set[str] = frozenset()) -
     return set(chosen)
 
 
-class HoldoutEnv:
+class HoldoutEnv(EnvWrapper):
     """An environment whose ``dev`` split is ``n`` tasks held out of its ``train`` split."""
 
     def __init__(self, env: Environment, n: int, other_splits: list[str]) -> None:
-        self.inner, self.n = env, int(n)
+        super().__init__(env)
+        self.n = int(n)
         self.other_splits = [s for s in other_splits if s not in (SOURCE, DEV)]
         self._split: tuple[list[Task], list[Task]] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def version(self) -> str:
-        return self.inner.version
 
     def _train_dev(self) -> tuple[list[Task], list[Task]]:
         if self._split is None:
@@ -118,29 +111,6 @@ class HoldoutEnv:
         if split == DEV:
             return list(self._train_dev()[1])
         return self.inner.tasks(split)
-
-    def max_steps(self, task: Task) -> int:
-        return self.inner.max_steps(task)
-
-    def reset(self, task: Task, *args: Any, **kwargs: Any):
-        return self.inner.reset(task, *args, **kwargs)
-
-    def step(self, action: str):
-        return self.inner.step(action)
-
-    def expert_actions(self, task: Task) -> list[str]:
-        return self.inner.expert_actions(task)
-
-    def action_forms(self, game: str) -> list[str]:
-        return self.inner.action_forms(game)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, attr: str) -> Any:  # adapter-specific extras (only when not found above)
-        if attr == "inner":
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
 
 
 def wrap_holdout(env: Environment, cfg: dict[str, Any]) -> Environment:
