@@ -123,9 +123,12 @@ class _Guard:
         episodes = folder / "episodes.jsonl"
         total = (manifest.get("config") or {}).get("episodes")
         if episodes.exists() or total is not None:
-            n = _complete_lines(episodes)
+            # a data-parallel play keeps what each rank recorded in its shard until the merge
+            sharded = sum(map(_complete_lines, (folder / "shards").glob("rank*.jsonl")))
+            n = _complete_lines(episodes) + sharded
             of = f" of {total}" if total is not None else ""
-            return f"interrupted: {n}{of} episodes of {name} kept in {episodes}; {again}"
+            where = f"{episodes} and {folder / 'shards'}" if sharded else episodes
+            return f"interrupted: {n}{of} episodes of {name} kept in {where}; {again}"
         # whole checkpoints only: the Trainer writes trainer_state.json last (training/resume.py)
         whole = [c for c in (folder / "checkpoints").glob("checkpoint-*") if (c / "trainer_state.json").is_file()]
         ckpts = sorted(whole, key=_step)

@@ -8,12 +8,16 @@ stop rule (cut at the first end-of-turn token, counted). vLLM keeps no state bet
 steps; its prefix cache reuses the shared history of each conversation.
 
 The checkpoint is loaded into the engine once (``from_checkpoint``) and serves every step
-of an exploration or evaluation; ``close()`` gives the GPU back before training.
+of an exploration or evaluation; ``close()`` gives the GPU back before training. Under
+`accelerate launch` / torchrun every process builds its own engine, on its own GPU
+(:func:`own_gpu`), and plays its share of the episodes (stages/rollouts.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .rollout import GenerationConfig, Policy, first_stop, stop_token_ids
@@ -51,6 +55,49 @@ def _generation_config(path: str):
         return None
 
 
+# what torchrun / accelerate set for each process; a one-GPU engine is built without them
+_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                  "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+@contextmanager
+def own_gpu() -> Iterator[None]:
+    """Under a multi-process launch, build the engine as a one-GPU run on this process's GPU.
+
+    vLLM puts a one-GPU engine on the first visible device, in an engine-core process it starts
+    that reads CUDA_VISIBLE_DEVICES and the launcher's variables when it starts. So this process
+    first initializes CUDA on its own GPU (LOCAL_RANK; it keeps its view of every GPU for the
+    training that follows, and vLLM then spawns its engine core rather than forking); while the
+    engine is built, CUDA_VISIBLE_DEVICES names that GPU only and the launcher's variables are
+    hidden; both are restored after. Untested here (no GPU). Not covered:
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process takes the first GPU it sees)."""
+    from .distributed import world_size
+
+    if world_size() <= 1:
+        yield
+        return
+    import torch
+
+    saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", *_LAUNCHER_VARS)}
+    local = int(saved["LOCAL_RANK"] or 0)
+    visible = [d.strip() for d in saved["CUDA_VISIBLE_DEVICES"].split(",")] if saved["CUDA_VISIBLE_DEVICES"] else None
+    if visible is not None and local >= len(visible):
+        raise RuntimeError(f"LOCAL_RANK={local} but CUDA_VISIBLE_DEVICES={saved['CUDA_VISIBLE_DEVICES']!r}: "
+                           f"eval.backend=vllm under a multi-process launch needs one GPU per process")
+    torch.cuda.set_device(local)
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[local] if visible else str(local)
+    for k in _LAUNCHER_VARS:
+        os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class _Session:
     """Stateless session: every step sends whole conversations (prefix caching does the rest)."""
 
@@ -85,9 +132,10 @@ class VLLMPolicy:
         from .model.load import check_checkpoint, load_tokenizer
 
         check_checkpoint(path)
-        engine = vllm.LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
-                          max_model_len=max_context, trust_remote_code=trust_remote_code,
-                          enable_prefix_caching=True, **engine_kwargs)
+        with own_gpu():
+            engine = vllm.LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
+                              max_model_len=max_context, trust_remote_code=trust_remote_code,
+                              enable_prefix_caching=True, **engine_kwargs)
         tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
         return cls(engine, tok, gen, max_context, vllm.SamplingParams,
                    stop_ids=stop_token_ids(tok, _generation_config(path)))

@@ -3,17 +3,39 @@
 Check, then touch: the engine settings are checked and the policy is checked (finite weights)
 and loaded before the stage marks itself running. Done means whole: the stage is done only
 when every item of its work list has its episode. A rerun of a finished stage plays into
-``<stage>/.next`` and replaces the finished episodes only once it is whole (stage.Stage)."""
+``<stage>/.next`` and replaces the finished episodes only once it is whole (stage.Stage).
+A finished ``episodes.jsonl`` lists the episodes in work-list order, whoever played them.
+
+Data-parallel play (``accelerate launch`` / torchrun, ``eval.data_parallel: true``, the default):
+rank 0 checks, begins the stage and folds in the shards of an interrupted earlier play, then
+publishes a plan (``<work>/shards/plan.json``: the items still to play, dealt to the ranks by
+task); every rank plays its share into ``shards/rank<r>.jsonl`` and marks it done (or failed);
+rank 0 merges the shards into ``episodes.jsonl`` and finishes the stage, the others wait for
+its manifest. Ranks meet through files only: an exploration can outlast a collective's timeout.
+
+What the number of ranks changes. Greedy episodes do not depend on which process plays them
+beside which others (the batched engine's greedy outputs match one-at-a-time play, see `make
+bench`), so the merged file is the one a single process writes. Sampled episodes do: a process
+draws every row's tokens from one RNG stream, seeded once per play, so which items share a
+process and a batch changes the draws (as a batch size or a resume does). Fault injection counts
+attempts per task (envs/faults.py) and a task's items are dealt to one rank: with one item per
+task (evaluation, exploration with one sample) the faults drawn are the same for any number of
+ranks; several items of one task share the counts in play order, as in one process."""
 
 from __future__ import annotations
 
+import json
+import secrets
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from .. import faultpoints
-from ..distributed import free_accelerator_memory, is_main, wait_for_manifest
+from ..distributed import (free_accelerator_memory, is_main, poll, process_started, rank, wait_for_manifest,
+                           world_size)
 from ..envs import Task, make_env
 from ..envs.faults import fault_mark, fault_summary, new_play
 from ..evaluation import evaluate
@@ -21,13 +43,15 @@ from ..model.load import is_local, load_model, load_tokenizer
 from ..prompting import PromptConfig
 from ..records import Episode, PolicyRef
 from ..rollout import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
-from ..stage import Stage, config_hash, copy_outputs, to_plain
-from ..store import append_episodes, drop_partial_tail, read_episodes
+from ..stage import NEXT, Stage, config_hash, copy_outputs, to_plain
+from ..store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_json, write_jsonl
 from ..training.save import check_finite_weights
 
 # what a rollout stage writes in its folder (evaluate adds metrics.json, derived from the episodes):
 # a rerun of a finished stage replaces exactly these, once it has played every episode
 OUTPUTS = ["episodes.jsonl", "metrics.json"]
+SHARDS = "shards"  # data-parallel bookkeeping under the stage's work folder; gone once the stage is done
+SHARD_WAIT_S = 1800  # rank 0 waits at least this long (or twice its own share's time) for the other shards
 
 
 def make_policy(cfg, policy_path: str, sampling: dict[str, Any]):
@@ -51,8 +75,9 @@ def make_policy(cfg, policy_path: str, sampling: dict[str, Any]):
 class Rollouts:
     """One policy that plays work lists into stage folders.
 
-    The policy is loaded on first use, by the main process only: under `accelerate launch`
-    the other processes wait for the main one's episodes instead of playing them again.
+    The policy is loaded on first use. Under `accelerate launch` every process loads it and plays
+    its share of each work list (``eval.data_parallel: false``: the main process plays everything
+    and the others wait for its episodes).
     """
 
     def __init__(self, cfg, policy_path: str, ref: PolicyRef, sampling: dict[str, Any], batch_size: int,
@@ -61,6 +86,7 @@ class Rollouts:
         self.env_cfg, self.prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
         self.sampling, self.batch_size, self.batch_key = sampling, batch_size, batch_key
         self.backend = cfg.eval.get("backend", "hf")
+        self.data_parallel = world_size() > 1 and cfg.eval.get("data_parallel", True)
         self._policy = None
         self._weights_checked = False
         self._tasks: dict[str, list[Task]] = {}
@@ -68,7 +94,7 @@ class Rollouts:
     @property
     def policy(self):
         if self._policy is None:
-            free_accelerator_memory()  # a trainer that just finished may still hold the GPU
+            free_accelerator_memory()  # a trainer that just finished may still hold the GPU (every rank)
             self._policy = make_policy(self.cfg, self.path, self.sampling)
         return self._policy
 
@@ -136,46 +162,220 @@ class Rollouts:
         file = out / "episodes.jsonl"
         if stage.done():
             return read_episodes(file)
+        chash, plan = config_hash(stage.config), None
         try:
-            cached = share / config_hash(stage.config) if share is not None else None
+            cached = share / chash if share is not None else None
             if cached is not None and is_main() and Stage(name, cached, stage.config, stage.inputs).done(lock=False):
                 console.print(f"[{name}] same policy and config already played: reusing {cached}")
                 stage.adopt(cached, ["episodes.jsonl"])
+                shutil.rmtree(out / SHARDS, ignore_errors=True)  # an interrupted play's, if any
                 return read_episodes(file)
             if not is_main():
-                wait_for_manifest(stage.manifest_path, config_hash(stage.config))
-                if not stage.done():
-                    raise RuntimeError(f"[{name}] the main process finished with other inputs than this process's")
-                return read_episodes(file)
+                return self._follow(name, stage, work, keys)
             # -- check, then touch: the engine settings and the policy (finite weights, loaded) ---------
             rcfg = self.rollout_config()
             self.check_policy()
             # A finished stage's episodes stay in place while a rerun plays into stage.work (.next)
             resumable = stage.begin()
-            file = stage.work / "episodes.jsonl"
-            if not resumable:
-                file.unlink(missing_ok=True)  # results of another config or policy: start clean
+            file, shards = stage.work / "episodes.jsonl", stage.work / SHARDS
+            if not resumable:  # results of another config or policy: start clean
+                file.unlink(missing_ok=True)
+                shutil.rmtree(shards, ignore_errors=True)
             drop_partial_tail(file)  # a killed writer's half line must not merge with new appends
+            folded = fold_shards(file, keys)  # what the ranks of an interrupted data-parallel play recorded
             seen = {e.episode_id for e in read_episodes(file)} if file.exists() else set()
             todo = [w for w, k in zip(work, keys) if k not in seen]
             if seen:
-                console.print(f"[{name}] resuming: {len(seen)} episodes already recorded, {len(todo)} to go")
-            mark = fault_mark()
-            new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
-            with console.status(f"[{name}] {len(todo)} episodes, {rcfg.batch_size} in parallel"):
-                run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
-                             on_episode=lambda ep: (append_episodes(file, [ep]), faultpoints.hit(name)))
+                console.print(f"[{name}] resuming: {len(seen)} episodes already recorded, {len(todo)} to go"
+                              + (f" ({folded} of them from the shards of a data-parallel play)" if folded else ""))
+            if self.data_parallel:
+                plan = publish_plan(name, stage, chash, [(k, w.task.task_id) for w, k in zip(work, keys)
+                                                         if k not in seen])
+                own = self._play_share(name, stage.work, plan, work, keys)
+                faults = wait_for_shards(name, shards, plan, timeout_s=max(SHARD_WAIT_S, 2 * own["seconds"]))
+            else:
+                mark = fault_mark()
+                new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
+                with console.status(f"[{name}] {len(todo)} episodes, {rcfg.batch_size} in parallel"):
+                    run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
+                                 on_episode=lambda ep: (append_episodes(file, [ep]), faultpoints.hit(name)))
+                faults = fault_summary(mark)
+            fold_shards(file, keys)  # the ranks' episodes (data-parallel) into the stage's file
             episodes = read_episodes(file)
             check_whole(name, keys, episodes, file)
+            fold_shards(file, keys, order=True)  # whole: in work-list order, whoever played what
+            pos = {k: i for i, k in enumerate(keys)}
+            episodes.sort(key=lambda e: pos[e.episode_id])
             metrics = evaluate(episodes)["overall"]
             if self.env_cfg.get("faults"):
-                metrics["faults"] = fault_summary(mark)  # injected by envs.faults in this process
-            stage.finish(metrics, policy=self.ref.id)  # swaps a rerun's episodes in
+                metrics["faults"] = faults  # injected by envs.faults while this play ran (every rank)
+            shutil.rmtree(shards, ignore_errors=True)  # nothing but OUTPUTS in the finished folder
+            extra = {"data_parallel": {"world_size": plan["world_size"], "played": plan["played"]}} if plan else {}
+            stage.finish(metrics, policy=self.ref.id, **extra)  # swaps a rerun's episodes in
+        except BaseException as exc:
+            if plan is not None:  # the other ranks stop waiting for a merge that will not come
+                mark_failed(stage.work / SHARDS, plan, exc)
+            raise
         finally:
             stage.release()  # an error: the next run (of this or another process) may take the stage
         if cached is not None:
             copy_outputs(out, cached, ["episodes.jsonl"])
         return episodes
+
+    def _follow(self, name: str, stage: Stage, work: list[WorkItem], keys: list[str]) -> list[Episode]:
+        """A process other than the main one: play its share of the main process's plan (when
+        data-parallel), then wait for the stage's manifest and read the merged episodes."""
+        chash = config_hash(stage.config)
+        plan = wait_for_plan(stage, chash) if self.data_parallel else None
+        if plan is not None:
+            work_dir = stage.dir / plan["work"]
+            try:
+                self._play_share(name, work_dir, plan, work, keys)
+            except BaseException as exc:
+                mark_failed(work_dir / SHARDS, plan, exc)  # rank 0 stops waiting for this share
+                raise
+            main_failed = lambda: failure(work_dir / SHARDS, plan, 0)  # noqa: E731
+        wait_for_manifest(stage.manifest_path, chash, abort=main_failed if plan is not None else None)
+        if not stage.done():
+            raise RuntimeError(f"[{name}] the main process finished with other inputs than this process's")
+        return read_episodes(stage.dir / "episodes.jsonl")
+
+    def _play_share(self, name: str, work_dir: Path, plan: dict, work: list[WorkItem], keys: list[str]) -> dict:
+        """Play this rank's items of ``plan`` into ``<work_dir>/shards/rank<r>.jsonl``, then mark the
+        share done (the marker, returned, carries the faults injected meanwhile)."""
+        r, t0 = rank(), time.time()
+        shard = work_dir / SHARDS / f"rank{r}.jsonl"
+        drop_partial_tail(shard)
+        have = {row["episode_id"] for _, row in read_jsonl(shard, allow_partial_tail=True)} if shard.exists() else set()
+        want = set(plan["shards"][r]) - have
+        todo = [w for w, k in zip(work, keys) if k in want]
+        mark = fault_mark()
+        if todo:
+            rcfg = self.rollout_config()
+            Console(markup=False).print(f"[{name}] rank {r} of {plan['world_size']}: playing {len(todo)} of "
+                                        f"{plan['todo']} episodes, {rcfg.batch_size} in parallel")
+            new_play()  # fault attempt counts start afresh for this share (every item of a task is here)
+            run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
+                         on_episode=lambda ep: (append_episodes(shard, [ep]), faultpoints.hit(name)))
+        done = {"plan": plan["id"], "rank": r, "played": len(todo), "faults": fault_summary(mark),
+                "seconds": round(time.time() - t0, 2)}
+        write_json(shard.with_suffix(".done"), done)
+        return done
+
+
+# -- data-parallel play: the plan, the shards and their markers ------------------------------------
+def deal(keys: list[str], task_ids: list[str], n: int) -> list[list[str]]:
+    """Each rank's items: the tasks in order of first appearance, dealt round-robin, every item of
+    a task to the same rank (fault attempts are counted per task, envs/faults.py), work order kept."""
+    group: dict[str, int] = {}
+    shares: list[list[str]] = [[] for _ in range(n)]
+    for k, t in zip(keys, task_ids):
+        shares[group.setdefault(t, len(group)) % n].append(k)
+    return shares
+
+
+def publish_plan(name: str, stage: Stage, chash: str, todo: list[tuple[str, str]]) -> dict:
+    """Rank 0: the plan the other ranks wait for, written atomically. It names the work folder
+    (``.`` or ``.next``) and the items still to play (``todo``: (key, task id), in work order)
+    dealt to the ranks; its id tells this play's markers from an interrupted play's."""
+    shares = deal([k for k, _ in todo], [t for _, t in todo], world_size())
+    plan = {"stage": name, "id": secrets.token_hex(8), "config_hash": chash, "world_size": len(shares),
+            "work": str(stage.work.relative_to(stage.dir)), "todo": len(todo), "shards": shares,
+            "played": {str(r): len(s) for r, s in enumerate(shares)}, "written_at": time.time()}
+    shards = stage.work / SHARDS
+    for old in shards.glob("rank*.*"):  # an interrupted play's markers (its episodes are folded in)
+        old.unlink()
+    write_json(shards / "plan.json", plan)
+    return plan
+
+
+def wait_for_plan(stage: Stage, chash: str, since: float | None = None, poll_s: float = 5.0,
+                  timeout_s: float | None = None) -> dict | None:
+    """A rank other than 0: the plan of this play, or None when the stage is done meanwhile (the
+    main process adopted a shared copy). Only a plan written after this process started counts
+    (``since``): one left by a killed run of the same config is stale (its work list is longer)."""
+    since = process_started() if since is None else since
+    places = [stage.dir / SHARDS / "plan.json", stage.dir / NEXT / SHARDS / "plan.json"]
+
+    def ready():
+        m = _read_json(stage.manifest_path)
+        if m.get("status") == "done" and m.get("config_hash") == chash:
+            return "done"
+        plans = [p for p in map(_read_json, places) if p.get("config_hash") == chash
+                 and p.get("world_size") == world_size() and p.get("written_at", 0) > since]
+        return max(plans, key=lambda p: p["written_at"]) if plans else None
+
+    print(f"[rank {rank()}] waiting for the main process's plan of {stage.dir}", flush=True)
+    got = poll(ready, poll_s, timeout_s)
+    return None if got == "done" else got
+
+
+def wait_for_shards(name: str, shards: Path, plan: dict, timeout_s: float, poll_s: float = 5.0) -> dict:
+    """Rank 0: wait until every rank marked its share of ``plan`` done; the faults they injected,
+    summed. A rank that failed (its marker) or is silent after ``timeout_s`` is an error naming it."""
+    ranks = range(plan["world_size"])
+
+    def ready():
+        bad = [f"rank {r}: {e}" for r in ranks if (e := failure(shards, plan, r))]
+        if bad:
+            raise RuntimeError(f"[{name}] {'; '.join(bad)}. The stage is not done; run the same command again "
+                               f"to play what is missing")
+        marks = [_read_json(shards / f"rank{r}.done") for r in ranks]
+        return marks if all(m.get("plan") == plan["id"] for m in marks) else None
+
+    try:
+        marks = poll(ready, poll_s, timeout_s)
+    except TimeoutError:
+        missing = [r for r in ranks if _read_json(shards / f"rank{r}.done").get("plan") != plan["id"]]
+        raise TimeoutError(f"[{name}] rank(s) {missing} did not finish their share after {timeout_s:.0f} s "
+                           f"(no done or failed marker in {shards}); the stage is not done") from None
+    return {k: sum(m["faults"][k] for m in marks) for k in marks[0]["faults"]}
+
+
+def mark_failed(shards: Path, plan: dict, exc: BaseException) -> None:
+    """This rank's share of ``plan`` failed: say so beside the shards (the other ranks stop waiting)."""
+    try:
+        write_json(shards / f"rank{rank()}.failed", {"plan": plan["id"], "error": f"{type(exc).__name__}: {exc}"})
+    except OSError:
+        pass  # the error being raised says more than this one
+
+
+def failure(shards: Path, plan: dict, r: int) -> str | None:
+    """Rank ``r``'s error, if it marked its share of ``plan`` failed."""
+    m = _read_json(shards / f"rank{r}.failed")
+    return f"failed with {m.get('error')}" if m.get("plan") == plan["id"] else None
+
+
+def fold_shards(file: Path, keys: list[str], order: bool = False) -> int:
+    """Fold the complete episodes of the shard files beside ``file`` into it (one per episode id,
+    work-list keys only) and remove the shard files; ``order``: also put the file in work-list
+    order. Returns how many episodes came from the shards. The new file is written whole
+    (temporary file, rename) before the shards go, so a kill in between loses nothing."""
+    shards = sorted((file.parent / SHARDS).glob("rank*.jsonl"))
+    rows = {}
+    for _, row in read_jsonl(file, allow_partial_tail=True) if file.exists() else ():
+        rows.setdefault(row["episode_id"], row)
+    mine, want = len(rows), set(keys)
+    for shard in shards:
+        for _, row in read_jsonl(shard, allow_partial_tail=True):
+            if row.get("episode_id") in want:
+                rows.setdefault(row["episode_id"], row)
+    pos = {k: i for i, k in enumerate(keys)}
+    ordered = sorted(rows.values(), key=lambda r: pos.get(r["episode_id"], len(pos)))  # extras last, as found
+    if len(rows) > mine or (order and list(rows) != [r["episode_id"] for r in ordered]):
+        write_jsonl(file, ordered)
+    for shard in shards:
+        shard.unlink()
+    return len(rows) - mine
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``, or {} while it is missing (or is not one)."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 def check_whole(name: str, keys: list[str], episodes: list[Episode], file: Path) -> None:
