@@ -1,20 +1,31 @@
 """Benchmarks (`make bench`): medians and ratios measured side by side in one run.
 
-1. Rollout throughput: the batched engine (N parallel episodes, KV cache kept across turns)
-   against one episode at a time, same model, same tasks, same greedy decoding, two ways: the
-   same engine with one row, and plain HF ``generate`` on the whole conversation each turn
-   (what one-at-a-time generation is without a cross-turn cache).
+1. Rollout throughput, the same episodes played four ways, alternated in every repeat: the
+   batched engine (N parallel episodes, KV cache kept across turns); plain HF ``generate`` at
+   the same N rows (the whole conversation re-encoded every turn, left padded: the fair
+   batched baseline); and one episode at a time, in the same engine with one row and with plain
+   HF ``generate``. Every run's actions are checked against the first batched run's (alone:
+   ``bench.only=rollout``).
 2. Behavior-cloning training throughput: tokens per second of SFT steps on the tiny model.
 3. DPO: precomputed reference log-probs against TRL's on-the-fly reference.
 4. ScienceWorld steps/s: the adapter's fast path against the package's plain ``step()``, same
    gold actions (needs no policy; alone: ``bench.only=sciworld``).
+5. Environment steps/s of one process at a GPU batch size (256 environments stepped round
+   robin, gold actions), TextWorldExpress and ScienceWorld, against what a GPU generate call
+   of that batch leaves them (needs no policy; alone: ``bench.only=envsteps``).
+6. Data-parallel rollouts: scripts/evaluate.py on the same policy and episodes as one process
+   and under ``torch.distributed.run`` (alone: ``bench.only=data_parallel``).
 
-    python scripts/bench.py [bench.episodes=32 bench.repeats=3 bench.only=sciworld ...]
+    python scripts/bench.py [bench.episodes=32 bench.repeats=3 bench.only=envsteps ...]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +34,9 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from eto_train.benchmarks import (PlainGenerate, compare_episodes, comparable_episodes, episode_actions,
+                                  episode_outputs, manifest_seconds, policy_budget, sciworld_adapter_vs_package,
+                                  spread, step_envs)
 from eto_train.envs import make_env
 from eto_train.experts import expert_episode
 from eto_train.interrupt import interruptible
@@ -32,13 +46,8 @@ from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollo
 from eto_train.stage import setup_runtime, to_plain, versions
 from eto_train.store import write_json
 
-
-class _PlainGenerate:
-    """The policy without its cross-turn KV session: the rollout engine then calls HF
-    ``generate`` on the whole conversation every turn (see ``rollout._Stateless``)."""
-
-    def __init__(self, policy):
-        self.generate = policy.generate
+ROOT = Path(__file__).resolve().parents[1]
+ALONE = ("rollout", "sciworld", "envsteps", "data_parallel")  # sections that run alone (bench.only)
 
 
 def _rollouts(work, env_cfg, policy, ref, prompt, batch, overlap):
@@ -49,69 +58,160 @@ def _rollouts(work, env_cfg, policy, ref, prompt, batch, overlap):
     return time.perf_counter() - t0, eps
 
 
+def _env_cfg(cfg, name: str) -> dict:
+    """The run's env section when it is environment ``name``, else configs/env/<name>.yaml."""
+    if cfg.env.name == name:
+        return to_plain(cfg.env)
+    return OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "env" / f"{name}.yaml"))
+
+
+# -- 1. rollouts: KV engine vs HF generate, batched and one at a time ---------------------------
+def _rollout(cfg, policy, ref, work, env_cfg, prompt) -> tuple[dict, list]:
+    """The four ways, each repeat in a rotated order (drift hits all); medians per thread count."""
+    import torch
+
+    b, plain = cfg.bench, PlainGenerate(policy)
+    modes = [("batched", b.episodes, policy), ("generate_batched", b.episodes, plain),
+             ("sequential", 1, policy), ("generate", 1, plain)]
+    names, threads = [m for m, _, _ in modes], list(b.threads)
+    runs = {(n, m): [] for n in threads for m in names}  # (seconds, steps) of each run
+    actions, outputs = {m: [] for m in names}, {m: [] for m in names}
+    eps_b = None
+    for r in range(b.repeats):
+        for n in threads:
+            torch.set_num_threads(n)
+            for mode, batch, pol in modes[r % len(modes):] + modes[:r % len(modes)]:
+                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, batch, cfg.eval.overlap_env)
+                runs[n, mode].append((s, sum(e.num_steps for e in eps)))
+                actions[mode].append(episode_actions(eps))
+                outputs[mode].append(episode_outputs(eps))
+                eps_b = eps if mode == "batched" and eps_b is None else eps_b
+    torch.set_num_threads(cfg.runtime.rollout_threads)
+    ref_actions, ref_outputs = actions["batched"][0], outputs["batched"][0]  # the first batched run
+    same_actions = {m: sum(a == ref_actions for a in actions[m]) for m in names}
+    same_outputs = {m: sum(o == ref_outputs for o in outputs[m]) for m in names}
+    # medians of seconds and of steps/s (a plain generate run may play other steps: ratios are by steps/s)
+    med = {k: statistics.median(s for s, _ in v) for k, v in runs.items()}
+    rate = {k: statistics.median(n / s for s, n in v) for k, v in runs.items()}
+    per_threads = {n: {**{f"{m}_seconds": [s for s, _ in runs[n, m]] for m in names},
+                       **{f"{m}_median_s": med[n, m] for m in names},
+                       "steps_per_s": {m: rate[n, m] for m in names},
+                       "speedup": rate[n, "batched"] / rate[n, "sequential"],
+                       "speedup_vs_generate": rate[n, "batched"] / rate[n, "generate"],
+                       "speedup_vs_generate_batched": rate[n, "batched"] / rate[n, "generate_batched"],
+                       "generate_batched_vs_generate": rate[n, "generate_batched"] / rate[n, "generate"]}
+                   for n in threads}
+    kv = ("batched", "sequential")
+    return {"episodes": len(work), "steps": sum(e.num_steps for e in eps_b), "batch": b.episodes,
+            "repeats": b.repeats, "order": "rotated each repeat: " + ", ".join(names),
+            "identical_outputs": all(same_outputs[m] == len(outputs[m]) for m in kv),  # every KV-engine run
+            "generate_runs_with_identical_outputs": same_outputs["generate"],
+            "identical_actions_all_runs": all(same_actions[m] == len(actions[m]) for m in names),
+            "runs": {m: len(actions[m]) for m in names}, "runs_with_identical_actions": same_actions,
+            "runs_with_identical_outputs": same_outputs, "default_threads": cfg.runtime.rollout_threads,
+            "overlap_env": cfg.eval.overlap_env, "by_threads": per_threads}, eps_b
+
+
+def _rollout_rows(t, ro) -> None:
+    n_ep = ro["batch"]
+    for n, r in ro["by_threads"].items():
+        sps = r["steps_per_s"]
+
+        def row(label, mode):
+            t.add_row(label, f"{r[f'{mode}_median_s']:.2f} s  ({sps[mode]:.1f} steps/s)")
+        row(f"rollouts, {n} torch thread(s): KV engine, {n_ep} in parallel (median of {ro['repeats']})", "batched")
+        row(f"  HF generate, {n_ep} in parallel (whole conversation, left padded)", "generate_batched")
+        row("  one episode at a time, HF generate per turn", "generate")
+        row("  one episode at a time, same KV engine, 1 row", "sequential")
+        t.add_row("  KV engine / batched HF generate (steps/s; target >= 4x)", f"{r['speedup_vs_generate_batched']:.2f}x")
+        t.add_row("  batched HF generate / HF generate one at a time", f"{r['generate_batched_vs_generate']:.2f}x")
+        t.add_row("  KV engine batched / HF generate one at a time", f"{r['speedup_vs_generate']:.1f}x")
+        t.add_row("  KV engine batched / KV engine one at a time", f"{r['speedup']:.1f}x")
+    runs, same = ro["runs"], ro["runs_with_identical_actions"]
+    t.add_row(f"every episode's actions equal in every run ({', '.join(runs)})",
+              f"{'yes' if ro['identical_actions_all_runs'] else 'NO'} ("
+              + ", ".join(f"{same[m]}/{runs[m]}" for m in runs) + ")")
+    t.add_row("same raw outputs in every KV-engine run", str(ro["identical_outputs"]))
+    t.add_row("HF generate runs with the same raw outputs (batched; one at a time)",
+              f"{ro['runs_with_identical_outputs']['generate_batched']} of {runs['generate_batched']}; "
+              f"{ro['generate_runs_with_identical_outputs']} of {runs['generate']}")
+
+
+# -- 2. BC training tokens/s; 3. DPO reference log-probs -----------------------------------------
+def _bc(cfg, tok, env_cfg, prompt, out: Path) -> dict:
+    from eto_train.training.sft import make_trainer, sft_config, sft_dataset
+
+    b = cfg.bench
+    setup_runtime(cfg.runtime.train_threads)
+    env = make_env(env_cfg)
+    experts = [expert_episode(env, t, prompt) for t in env.tasks("train")[: b.bc_trajectories]]
+    env.close()
+    bc_cfg = {**to_plain(cfg.bc), "max_steps": b.bc_steps, "save_strategy": "no", "logging_steps": 1000}
+    trainer = make_trainer(load_model(b.policy, dtype=cfg.model.dtype), tok, sft_dataset(experts, tok),
+                           sft_config(str(out / "sft"), bc_cfg, cfg.seed, report_to="none"))
+    res = trainer.train()
+    per_step = [len(x) for x in trainer.train_dataset["input_ids"]]
+    tokens = statistics.mean(per_step) * cfg.bc.batch_size * cfg.bc.grad_accum * res.global_step
+    return {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
+            "tokens_per_second": tokens / res.metrics["train_runtime"], "batch_size": cfg.bc.batch_size,
+            "threads": cfg.runtime.train_threads}
+
+
+def _dpo(cfg, tok, env_cfg, prompt, tasks, eps_b, out: Path) -> dict:
+    """One DPO epoch on the batched run's trajectory pairs, both reference modes, alternated."""
+    from datasets import Dataset
+
+    from eto_train.pairs import trajectory_pair
+    from eto_train.training.dpo import dpo_config, make_dpo_trainer
+
+    env = make_env(env_cfg)
+    gold = {t.task_id: expert_episode(env, t, prompt) for t in tasks}
+    env.close()
+    pair_list = [p for e in eps_b if (p := trajectory_pair(gold[e.task_id], e)) is not None]
+    runs = {}
+    if pair_list:
+        ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pair_list])
+        d = {**to_plain(cfg.eto.dpo), "epochs": 1, "max_steps": None, "save_strategy": "no", "logging_steps": 1}
+        d.pop("later")
+        for mode in ("precomputed", "on_the_fly", "precomputed", "on_the_fly"):
+            d["precompute_ref_log_probs"] = mode == "precomputed"
+            t0 = time.perf_counter()
+            tr = make_dpo_trainer(load_model(cfg.bench.policy, dtype=cfg.model.dtype), None, tok, ds,
+                                  dpo_config(str(out / "dpo"), d, cfg.seed, report_to="none"))
+            r = tr.train()
+            total = time.perf_counter() - t0  # includes the reference pass when precomputed
+            losses = [h["loss"] for h in tr.state.log_history if "loss" in h]
+            runs.setdefault(mode, []).append({"seconds": total, "final_loss": losses[-1], "steps": r.global_step})
+    return {"pairs": len(pair_list), **{m: {"median_s": statistics.median(x["seconds"] for x in v),
+                                            "final_loss": v[-1]["final_loss"], "steps": v[-1]["steps"]}
+                                        for m, v in runs.items()}}
+
+
+def _train_rows(t, tr) -> None:
+    bc, dpo = tr["bc"], tr["dpo"]
+    t.add_row(f"BC training ({bc['optimizer_steps']} steps, batch {bc['batch_size']})",
+              f"{bc['tokens_per_second']:.0f} tokens/s")
+    if dpo["pairs"]:
+        pre, fly = dpo["precomputed"], dpo["on_the_fly"]
+        t.add_row(f"DPO epoch ({dpo['pairs']} pairs), precomputed reference (median)", f"{pre['median_s']:.1f} s")
+        t.add_row("DPO epoch, TRL's on-the-fly reference (median)",
+                  f"{fly['median_s']:.1f} s  ({fly['median_s'] / pre['median_s']:.2f}x)")
+        t.add_row("final DPO loss, precomputed / on the fly", f"{pre['final_loss']:.6f} / {fly['final_loss']:.6f}")
+
+
+# -- 4. ScienceWorld: the adapter's fast path vs the package's step() ----------------------------
 def _sciworld(cfg) -> dict:
     """Steps/s replaying gold paths through the adapter (score and completion reads only) and
     through the package's ``ScienceWorldEnv.step`` (which also lists every valid action)."""
-    import logging
-
-    from scienceworld import ScienceWorldEnv as PackageEnv
-
-    logging.getLogger("scienceworld").setLevel(logging.WARNING)  # it logs every load at INFO
     sb = cfg.bench.sciworld
-    env_cfg = to_plain(cfg.env) if cfg.env.name == "sciworld" else \
-        OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "configs/env/sciworld.yaml"))
-    env = make_env(env_cfg)
-    package = None
+    env = make_env(_env_cfg(cfg, "sciworld"))
     try:
         first = {}  # one variation of each task, in split order
         for t in env.tasks(sb.split):
             first.setdefault(t.game, t)
-        tasks = list(first.values())[: sb.variations]
-        gold = {t.task_id: env.expert_actions(t) for t in tasks}
-        package = PackageEnv("", envStepLimit=10**6)
-        fast, plain, wins, matches = [], [], True, []
-
-        def replay(reset, step, task):  # (seconds spent stepping, [(observation, won)])
-            reset(task)
-            obs, t0 = [], time.perf_counter()
-            for a in gold[task.task_id]:
-                obs.append(step(a))
-            return time.perf_counter() - t0, obs
-
-        def package_reset(t):
-            package.load(env.sim_names[t.game], t.seed, env.simplifications)
-            package.reset()
-
-        def package_step(a):
-            o, _, done, info = package.step(a)
-            return o.strip(), done and info["score"] >= 0
-
-        def adapter_step(a):
-            r = env.step(a)
-            return r.observation, r.success
-
-        # Alternated, so that drift hits both; the medians drop the package JVM's cold first pass.
-        for _ in range(sb.repeats):
-            runs_fast = [replay(env.reset, adapter_step, t) for t in tasks]
-            runs_plain = [replay(package_reset, package_step, t) for t in tasks]
-            fast.append(sum(s for s, _ in runs_fast))
-            plain.append(sum(s for s, _ in runs_plain))
-            wins &= all(o[-1][1] for _, o in runs_fast + runs_plain)  # every gold path won both ways
-            # Observations agree step by step except where the simulator itself draws at random
-            # (thermometer readings, for one, differ between two runs of the same path).
-            matches += [a == b for (_, fo), (_, po) in zip(runs_fast, runs_plain) for a, b in zip(fo, po)]
+        return sciworld_adapter_vs_package(env, list(first.values())[: sb.variations], sb.repeats)
     finally:
         env.close()
-        if package is not None:
-            package.close()
-            package.close = lambda: None  # the package's __del__ closes again
-    steps = sum(len(a) for a in gold.values())
-    mf, mp = statistics.median(fast), statistics.median(plain)
-    return {"tasks": [t.task_id for t in tasks], "steps": steps, "repeats": sb.repeats,
-            "adapter_jvm": [f"-Xmx{env.heap_mb}m", *env.jvm_options], "package_jvm": "as the package starts it",
-            "adapter_seconds": fast, "package_seconds": plain, "adapter_steps_per_s": steps / mf,
-            "package_steps_per_s": steps / mp, "speedup": mp / mf, "all_won_both_ways": wins,
-            "same_observation_fraction": sum(matches) / len(matches)}
 
 
 def _sciworld_rows(t, sw) -> None:
@@ -123,6 +223,158 @@ def _sciworld_rows(t, sw) -> None:
               f"{sw['all_won_both_ways']}; {sw['same_observation_fraction']:.1%}")
 
 
+# -- 5. environment steps/s of one process at a GPU batch size -----------------------------------
+def _envsteps(cfg) -> dict:
+    """Per environment: ``batch`` instances in one process, stepped round robin with gold actions
+    for ``rounds`` generate calls, with 1 and more stepping threads (alternated per repeat); the
+    time the environments take for ``gpu_batch`` steps against what one GPU generate call of that
+    many rows leaves them."""
+    e = cfg.bench.envsteps
+    budget = policy_budget(e.gpu_batch, e.assumed_gpu.tokens_per_s, e.assumed_gpu.tokens_per_step)
+    out = {"budget": budget, "engine": "rollout.run_rollouts steps a round's environments one after the other "
+           "(eval.overlap_env: in one worker thread, overlapping only the KV engine's decoding; vLLM's "
+           "session answers the whole batch at once, so its environment steps add to every round)", "envs": {}}
+    for name in e.envs:
+        env_cfg = _env_cfg(cfg, name)
+        lister = make_env(env_cfg)
+        try:
+            tasks = spread(lister.tasks(e.split), e.tasks)
+            gold = {t.task_id: lister.expert_actions(t) for t in tasks}  # not timed
+        finally:
+            lister.close()
+        runs, answers, envs = {n: [] for n in e.step_threads}, {n: [] for n in e.step_threads}, []
+        try:
+            t0 = time.perf_counter()  # start: the instances, their simulators (JVMs start on a first reset), a warm-up round
+            envs += [make_env(env_cfg) for _ in range(e.batch.get(name, e.gpu_batch))]
+            step_envs(envs, tasks, gold, 1)
+            start_s = time.perf_counter() - t0
+            for r in range(e.repeats):
+                for n in list(e.step_threads)[::-1 if r % 2 else 1]:  # alternated, drift hits all
+                    res = step_envs(envs, tasks, gold, e.rounds, threads=n)
+                    answers[n].append(res.pop("observations"))
+                    runs[n].append(res)
+        finally:
+            for env in envs:
+                env.close()
+        first = answers[e.step_threads[0]][0]  # every run's observations against the first serial run's
+        by_threads = {}
+        for n, rs in runs.items():
+            rate = statistics.median(r["steps_per_s"] for r in rs)
+            by_threads[n] = {"runs": rs, "steps_per_s": rate, "ms_per_env_step": 1000 / rate,
+                             "ms_per_step_call": statistics.median(r["ms_per_step"] for r in rs),
+                             "round_ms": statistics.median(r["round_ms_median"] for r in rs),
+                             "ms_per_reset": statistics.median(1000 * r["first_reset_s"] / r["batch"] for r in rs),
+                             "gpu_batch_env_s": e.gpu_batch / rate,  # the environments' time for one call's steps
+                             "share_of_generate_call": e.gpu_batch / rate / budget["generate_call_s"],
+                             "same_observation_fraction": statistics.mean(
+                                 sum(a == b for a, b in zip(o, first)) / len(first) for o in answers[n])}
+        out["envs"][name] = {"tasks": [t.task_id for t in tasks],
+                             "gold_steps": {t.task_id: len(gold[t.task_id]) for t in tasks},
+                             "batch": len(envs), "start_s": start_s, "by_threads": by_threads,
+                             "jvm": {k: env_cfg[k] for k in ("heap_mb", "games_per_jvm") if k in env_cfg}}
+    return out
+
+
+def _envsteps_rows(t, es) -> None:
+    b = es["budget"]
+    t.add_row(f"GPU generate call (assumed, not measured): {b['batch']} rows x {b['assumed_tokens_per_step']:g} "
+              f"tokens at {b['assumed_tokens_per_s']:g} tokens/s", f"{b['generate_call_s']:.2f} s")
+    t.add_row(f"  the environments must do {b['steps_per_call']} steps in that time",
+              f">= {b['env_steps_per_s_needed']:.0f} steps/s ({b['ms_per_step_allowed']:.1f} ms/step)")
+    for name, r in es["envs"].items():
+        rounds = next(iter(r["by_threads"].values()))["runs"][0]["rounds"]
+        t.add_row(f"{name}: {r['batch']} envs in one process, {rounds} rounds, {len(r['tasks'])} distinct tasks",
+                  f"start + warm-up round {r['start_s']:.1f} s")
+        for n, x in r["by_threads"].items():
+            t.add_row(f"  {n} stepping thread(s): steps/s; {b['batch']} steps; share of the call; reset",
+                      f"{x['steps_per_s']:.0f} ({x['ms_per_env_step']:.1f} ms/step); {x['gpu_batch_env_s']:.2f} s; "
+                      f"{x['share_of_generate_call']:.0%}; {x['ms_per_reset']:.1f} ms")
+
+
+# -- 6. data-parallel rollouts: evaluate.py as 1 and N processes ---------------------------------
+def _forwarded_overrides() -> list[str]:
+    """The bench's command-line overrides that shape episodes (env, prompt, model, eval, seed...),
+    for the evaluations it starts; not its own, the paths, the run name or the thread counts."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    skip = ("bench", "paths", "run_name", "runtime", "wandb", "hydra", "eval.policy", "eval.tag", "eval.splits")
+    return [o for o in HydraConfig.get().overrides.task
+            if not o.split("=", 1)[0].lstrip("+~").startswith(skip)]
+
+
+def _data_parallel(cfg) -> dict:
+    d = cfg.bench.data_parallel
+    policy = str(Path(cfg.bench.policy).resolve())
+    if d.processes < 2:
+        raise ValueError(f"bench.data_parallel.processes={d.processes}: at least 2 (compared with 1 process)")
+    env = {"HF_HUB_OFFLINE": "1", **os.environ, "OMP_NUM_THREADS": "1"}
+    launch = {1: [sys.executable],
+              d.processes: [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            f"--nproc_per_node={d.processes}"]}
+    runs, logs = {1: [], d.processes: []}, Path(cfg.paths.run) / "bench" / "data_parallel_logs"
+    with tempfile.TemporaryDirectory(prefix="bench-dp-") as tmp:
+        for r in range(d.repeats):
+            for n in ([1, d.processes] if r % 2 == 0 else [d.processes, 1]):  # alternated, drift hits both
+                name = f"r{r}-{n}proc"
+                args = [f"paths.runs={tmp}", f"run_name={name}", f"eval.policy={policy}", "eval.tag=bench",
+                        f"eval.splits=[{d.split}]", "runtime.rollout_threads=1", "runtime.train_threads=1",
+                        "wandb.enabled=false", *_forwarded_overrides(), *d.overrides]
+                t0 = time.perf_counter()
+                proc = subprocess.run([*launch[n], str(ROOT / "scripts" / "evaluate.py"), *args], cwd=ROOT, env=env,
+                                      capture_output=True, text=True, timeout=d.timeout_s)
+                wall = time.perf_counter() - t0
+                logs.mkdir(parents=True, exist_ok=True)
+                (logs / f"{name}.log").write_text(proc.stdout + proc.stderr)
+                if proc.returncode:
+                    raise RuntimeError(f"bench.data_parallel: evaluate.py as {n} process(es) failed "
+                                       f"(exit {proc.returncode}; {logs / name}.log):\n{(proc.stdout + proc.stderr)[-3000:]}")
+                stage = Path(tmp) / name / "eval" / "bench" / d.split
+                runs[n].append({"stage_seconds": manifest_seconds(stage), "process_seconds": wall,
+                                "episodes": comparable_episodes(stage / "episodes.jsonl")})
+    same = [compare_episodes(a["episodes"], b["episodes"]) for a, b in zip(runs[1], runs[d.processes])]
+    med = {n: statistics.median(x["stage_seconds"] for x in v) for n, v in runs.items()}
+    wall = {n: statistics.median(x["process_seconds"] for x in v) for n, v in runs.items()}
+    return {"processes": d.processes, "split": d.split, "repeats": d.repeats, "overrides": list(d.overrides),
+            "episodes": len(runs[1][0]["episodes"]), "threads_per_process": 1,
+            "stage_seconds": {n: [x["stage_seconds"] for x in v] for n, v in runs.items()},
+            "process_seconds": {n: [x["process_seconds"] for x in v] for n, v in runs.items()},
+            "speedup": med[1] / med[d.processes], "speedup_process_wall": wall[1] / wall[d.processes],
+            "same_episodes": all(s["same"] for s in same), "comparisons": same, "logs": str(logs)}
+
+
+def _dp_rows(t, dp) -> None:
+    n, s = dp["processes"], dp["stage_seconds"]
+    t.add_row(f"evaluate.py on {dp['split']} ({dp['episodes']} episodes), rollout stage, 1 process (median)",
+              f"{statistics.median(s[1]):.1f} s")
+    t.add_row(f"  {n} processes, torch.distributed.run (median)", f"{statistics.median(s[n]):.1f} s")
+    t.add_row(f"  speedup 1 process / {n} processes (target >= 1.7x); whole commands",
+              f"{dp['speedup']:.2f}x; {dp['speedup_process_wall']:.2f}x")
+    t.add_row("  the same episodes both ways (latency and paths aside)", "yes" if dp["same_episodes"] else "NO")
+
+
+# -- main ---------------------------------------------------------------------------------------
+def _rollout_section(cfg):
+    """Section 1 on ``bench.policy``; also what the training sections reuse."""
+    b = cfg.bench
+    setup_runtime(cfg.runtime.rollout_threads)
+    env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
+    tok, ref = load_tokenizer(b.policy), policy_ref(b.policy, name="bench")
+    policy = Policy(load_model(b.policy, dtype=cfg.model.dtype), tok, GenerationConfig(**to_plain(cfg.eval.generation)),
+                    cfg.model.max_context)
+    lister = make_env(env_cfg)
+    tasks = lister.tasks(b.split)[: b.episodes]
+    lister.close()
+    rollout, eps_b = _rollout(cfg, policy, ref, [(t, 0) for t in tasks], env_cfg, prompt)
+    return {**rollout, "policy": ref.id}, eps_b, (tok, ref, tasks, env_cfg, prompt)
+
+
+SECTIONS = {"rollout": (lambda cfg: _rollout_section(cfg)[0], _rollout_rows),
+            "sciworld": (_sciworld, _sciworld_rows), "envsteps": (_envsteps, _envsteps_rows),
+            "data_parallel": (_data_parallel, _dp_rows)}
+
+
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
     with interruptible(cfg, resume=False):  # Ctrl-C: one line, exit 130
@@ -130,149 +382,42 @@ def main(cfg) -> None:
 
 
 def _bench(cfg) -> None:
-    console = Console(width=120, markup=False)
     b = cfg.bench
-    if b.only not in (None, "sciworld"):
-        raise ValueError(f"bench.only: {b.only!r} is not a section that runs alone (sciworld, or null for all)")
-    if b.only == "sciworld":
-        sw = _sciworld(cfg)
-        out = Path(cfg.paths.run) / "bench"
-        write_json(out / "sciworld.json", {"sciworld": sw, "versions": versions(), "config": OmegaConf.to_container(b)})
-        t = Table(title="make bench: ScienceWorld")
-        t.add_column("measure")
-        t.add_column("value", justify="right")
-        _sciworld_rows(t, sw)
-        console.print(t)
-        console.print(f"-> {out / 'sciworld.json'}")
-        return
-    setup_runtime(cfg.runtime.rollout_threads)
-    env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
-    policy_path = b.policy
-    tok = load_tokenizer(policy_path)
-    model = load_model(policy_path, dtype=cfg.model.dtype)
-    ref = policy_ref(policy_path, name="bench")
-    policy = Policy(model, tok, GenerationConfig(**to_plain(cfg.eval.generation)), cfg.model.max_context)
-    lister = make_env(env_cfg)
-    tasks = lister.tasks(b.split)[: b.episodes]
-    lister.close()
-    work = [(t, 0) for t in tasks]
-
-    # -- 1. batched vs sequential rollouts, alternated so drift hits both ----------------------
-    import torch
-
-    threads = list(b.threads)
-    modes = (("batched", b.episodes, policy), ("sequential", 1, policy), ("generate", 1, _PlainGenerate(policy)))
-    runs = {(n, mode): [] for n in threads for mode, _, _ in modes}  # (seconds, steps) of each run
-    outputs = []  # (mode, each task's raw outputs) of every run
-    for _ in range(b.repeats):
-        for n in threads:  # each thread count: batched then one at a time (both ways), back to back
-            torch.set_num_threads(n)
-            for mode, batch, pol in modes:
-                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, batch, cfg.eval.overlap_env)
-                runs[n, mode].append((s, sum(e.num_steps for e in eps)))
-                outputs.append((mode, {e.task_id: [st.raw_output for st in e.steps] for e in eps}))
-                if mode == "batched":
-                    eps_b = eps
-    torch.set_num_threads(cfg.runtime.rollout_threads)
-    steps = sum(e.num_steps for e in eps_b)
-    # every run of the KV engine answers the same; plain generate may differ in a float rounding
-    first = outputs[0][1]  # the first batched run
-    same = all(o == first for m, o in outputs if m != "generate")
-    gen_same = [o == first for m, o in outputs if m == "generate"]
-    # medians of seconds and of steps/s (plain generate may play other steps: its ratio is by steps/s)
-    med = {k: statistics.median(s for s, _ in v) for k, v in runs.items()}
-    rate = {k: statistics.median(n / s for s, n in v) for k, v in runs.items()}
-    per_threads = {n: {**{f"{m}_seconds": [s for s, _ in runs[n, m]] for m, _, _ in modes},
-                       **{f"{m}_median_s": med[n, m] for m, _, _ in modes},
-                       "steps_per_s": {m: rate[n, m] for m, _, _ in modes},
-                       "speedup": rate[n, "batched"] / rate[n, "sequential"],
-                       "speedup_vs_generate": rate[n, "batched"] / rate[n, "generate"]} for n in threads}
-
-    # -- 2. BC training tokens/s ------------------------------------------------------------
-    setup_runtime(cfg.runtime.train_threads)
-    from eto_train.training.sft import make_trainer, sft_config, sft_dataset
-    env = make_env(env_cfg)
-    experts = [expert_episode(env, t, prompt) for t in env.tasks("train")[: b.bc_trajectories]]
-    env.close()
-    bc_cfg = {**to_plain(cfg.bc), "max_steps": b.bc_steps, "save_strategy": "no", "logging_steps": 1000}
+    if b.only not in (None, *ALONE):
+        raise ValueError(f"bench.only: {b.only!r} is not a section that runs alone ({', '.join(ALONE)}, "
+                         f"or null for all)")
     out = Path(cfg.paths.run) / "bench"
-    train_model = load_model(policy_path, dtype=cfg.model.dtype)
-    trainer = make_trainer(train_model, tok, sft_dataset(experts, tok),
-                           sft_config(str(out / "sft"), bc_cfg, cfg.seed, report_to="none"))
-    res = trainer.train()
-    per_step = [len(x) for x in trainer.train_dataset["input_ids"]]
-    tokens = statistics.mean(per_step) * cfg.bc.batch_size * cfg.bc.grad_accum * res.global_step
-    bc_tps = tokens / res.metrics["train_runtime"]
-
-    # -- 3. DPO: precomputed reference log-probs vs TRL's on-the-fly reference, same pairs ------
-    from datasets import Dataset
-
-    from eto_train.pairs import trajectory_pair
-    from eto_train.training.dpo import dpo_config, make_dpo_trainer
-
-    env = make_env(env_cfg)
-    gold = {t.task_id: expert_episode(env, t, prompt) for t in tasks}
-    env.close()
-    pair_list = [p for e in eps_b if (p := trajectory_pair(gold[e.task_id], e)) is not None]
-    dpo_runs = {}
-    if pair_list:
-        ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pair_list])
-        d = {**to_plain(cfg.eto.dpo), "epochs": 1, "max_steps": None, "save_strategy": "no", "logging_steps": 1}
-        d.pop("later")
-        for mode in ("precomputed", "on_the_fly", "precomputed", "on_the_fly"):
-            d["precompute_ref_log_probs"] = mode == "precomputed"
-            t0 = time.perf_counter()
-            tr = make_dpo_trainer(load_model(policy_path, dtype=cfg.model.dtype), None, tok, ds,
-                                  dpo_config(str(out / "dpo"), d, cfg.seed, report_to="none"))
-            r = tr.train()
-            total = time.perf_counter() - t0  # includes the reference pass when precomputed
-            losses = [h["loss"] for h in tr.state.log_history if "loss" in h]
-            dpo_runs.setdefault(mode, []).append({"seconds": total, "final_loss": losses[-1], "steps": r.global_step})
-    dpo_res = {m: {"median_s": statistics.median(x["seconds"] for x in runs), "final_loss": runs[-1]["final_loss"],
-                   "steps": runs[-1]["steps"]} for m, runs in dpo_runs.items()}
-
+    if b.only:
+        measure, rows = SECTIONS[b.only]
+        res = measure(cfg)
+        _report(out / f"{b.only}.json", {b.only: res, "versions": versions(), "config": OmegaConf.to_container(b)},
+                f"make bench: {b.only}", [(rows, res)])
+        return
+    rollout, eps_b, (tok, ref, tasks, env_cfg, prompt) = _rollout_section(cfg)
+    bc = _bc(cfg, tok, env_cfg, prompt, out)
+    dpo = _dpo(cfg, tok, env_cfg, prompt, tasks, eps_b, out)
     sw = _sciworld(cfg) if b.sciworld.variations else None
+    es = _envsteps(cfg) if b.envsteps.enabled else None
+    dp = _data_parallel(cfg) if b.data_parallel.enabled else None
+    results = {"rollout": rollout, "bc": bc, "dpo_epoch": dpo, "sciworld": sw, "envsteps": es, "data_parallel": dp,
+               "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b)}
+    _report(out / "bench.json", results, f"make bench ({ref.id})",
+            [(_rollout_rows, rollout), (_train_rows, {"bc": bc, "dpo": dpo}), (_sciworld_rows, sw),
+             (_envsteps_rows, es), (_dp_rows, dp)])
 
-    results = {
-        "sciworld": sw,
-        "rollout": {"episodes": len(work), "steps": steps, "batch": b.episodes, "repeats": b.repeats,
-                    "identical_outputs": same, "generate_runs_with_identical_outputs": sum(gen_same),
-                    "default_threads": cfg.runtime.rollout_threads,
-                    "overlap_env": cfg.eval.overlap_env,
-                    "by_threads": per_threads},
-        "bc": {"optimizer_steps": res.global_step, "seconds": res.metrics["train_runtime"],
-               "tokens_per_second": bc_tps, "batch_size": cfg.bc.batch_size,
-               "threads": cfg.runtime.train_threads},
-        "dpo_epoch": {"pairs": len(pair_list), **dpo_res},
-        "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b),
-    }
-    write_json(out / "bench.json", results)
-    t = Table(title=f"make bench ({ref.id})")
+
+def _report(path: Path, results: dict, title: str, sections) -> None:
+    """Write ``results`` to ``path`` and print one table of every section's rows."""
+    write_json(path, results)
+    t = Table(title=title)
     t.add_column("measure")
     t.add_column("value", justify="right")
-    for n, r in per_threads.items():
-        sps = r["steps_per_s"]
-        t.add_row(f"rollouts, {n} torch thread(s): batched x{b.episodes} (median of {b.repeats})",
-                  f"{r['batched_median_s']:.2f} s  ({sps['batched']:.1f} steps/s)")
-        t.add_row("  one episode at a time, HF generate per turn (median)",
-                  f"{r['generate_median_s']:.2f} s  ({sps['generate']:.1f} steps/s)")
-        t.add_row("  one episode at a time, same KV engine, 1 row (median)",
-                  f"{r['sequential_median_s']:.2f} s  ({sps['sequential']:.1f} steps/s)")
-        t.add_row("  speedup batched / HF generate one at a time (steps/s)", f"{r['speedup_vs_generate']:.1f}x")
-        t.add_row("  speedup batched / KV engine one at a time", f"{r['speedup']:.1f}x")
-    t.add_row("same greedy outputs in every KV-engine run", str(same))
-    t.add_row("HF generate runs with the same outputs", f"{sum(gen_same)} of {len(gen_same)}")
-    t.add_row(f"BC training ({res.global_step} steps, batch {cfg.bc.batch_size})", f"{bc_tps:.0f} tokens/s")
-    if dpo_res:
-        pre, fly = dpo_res["precomputed"], dpo_res["on_the_fly"]
-        t.add_row(f"DPO epoch ({len(pair_list)} pairs), precomputed reference (median)", f"{pre['median_s']:.1f} s")
-        t.add_row("DPO epoch, TRL's on-the-fly reference (median)",
-                  f"{fly['median_s']:.1f} s  ({fly['median_s'] / pre['median_s']:.2f}x)")
-        t.add_row("final DPO loss, precomputed / on the fly", f"{pre['final_loss']:.6f} / {fly['final_loss']:.6f}")
-    if sw:
-        _sciworld_rows(t, sw)
+    for rows, res in sections:
+        if res is not None:
+            rows(t, res)
+    console = Console(width=140, markup=False)
     console.print(t)
-    console.print(f"-> {out / 'bench.json'}")
+    console.print(f"-> {path}")
 
 
 if __name__ == "__main__":

@@ -245,6 +245,7 @@ CASES = [
     ("twx", ["eval.vllm.max_num_seqs=0"], f"eval.vllm.max_num_seqs=0: {INT_GE1}"),
     ("twx", ["eval.vllm.enforce_eager=x"], f"eval.vllm.enforce_eager='x': {BOOL}"),
     ("twx", ["eval.overlap_env=x"], f"eval.overlap_env='x': {BOOL}"),
+    ("twx", ["eval.data_parallel=x"], f"eval.data_parallel='x': {BOOL}"),
     ("twx", ["eval.env_retries=-1"], f"eval.env_retries=-1: {INT_GE0}"),
     ("twx", ["eval.generation.max_new_tokens=0"], f"eval.generation.max_new_tokens=0: {INT_GE1}"),
     ("twx", ["eval.generation.max_new_tokens=1024"], "eval.generation.max_new_tokens=1024: an integer in "
@@ -292,7 +293,13 @@ CASES = [
     ("twx", ["bench.threads=[0]"], "bench.threads=[0]: a non-empty list of torch thread counts >= 1"),
     ("twx", ["bench.bc_trajectories=0"], f"bench.bc_trajectories=0: {INT_GE1}"),
     ("twx", ["bench.bc_steps=0"], f"bench.bc_steps=0: {INT_GE1}"),
-    ("twx", ["bench.only=gpu"], "bench.only='gpu': one of 'sciworld', or null (every section)"),
+    ("twx", ["bench.only=gpu"], "bench.only='gpu': one of 'rollout', 'sciworld', 'envsteps', 'data_parallel', or null "
+                                "(every section)"),
+    ("twx", ["bench.data_parallel.processes=1"], "bench.data_parallel.processes=1: an integer >= 2"),
+    ("twx", ["bench.envsteps.batch.twx=0"], f"bench.envsteps.batch.twx=0: {INT_GE1}"),
+    ("twx", ["bench.envsteps.envs=[chess]"], "bench.envsteps.envs"),
+    ("twx", ["reading.alpha=2"], "reading.alpha=2: a number in (0, 1)"),
+    ("twx", ["reading.permutations=0"], f"reading.permutations=0: {INT_GE1}"),
     ("twx", ["bench.sciworld.variations=-1"], f"bench.sciworld.variations=-1: {INT_GE0}"),
     ("twx", ["bench.sciworld.repeats=0"], f"bench.sciworld.repeats=0: {INT_GE1}"),
 ]

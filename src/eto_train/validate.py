@@ -6,7 +6,8 @@ second, before a model, an environment or a stage folder is opened, and every ba
 at once: one ``ValueError`` with a line ``<dotted.key>=<value>: <what is allowed>`` per key.
 
 What is checked: the enums and ranges of every section of configs/ (env per environment name,
-model, bc, eto, eval, prompt, compare, export, runtime, experts, seed, wandb, bench) and the
+model, bc, eto, eval, prompt, compare, export, runtime, experts, seed, wandb, bench,
+reading) and the
 cross-key rules that have one right answer (loss_weights as long as loss_type, control_of among
 the variants, effective_batch a multiple of batch_size, ...). What is not: anything that needs
 an environment, a model or the disk beyond ``experts.source`` (a split's tasks, data folders,
@@ -56,6 +57,8 @@ DTYPES = ("float32", "float16", "bfloat16")  # torch dtypes a checkpoint is load
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # WANDB_MODE values wandb accepts
 WEBSHOP_OBSERVATION_MODES = ("html", "text", "text_rich", "url")  # WebAgentTextEnv's observation modes
 BNB_4BIT_QUANT_TYPES = ("nf4", "fp4")
+# env configs (configs/env/<name>.yaml) a bench section may name
+ENV_NAMES = tuple(sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs" / "env").glob("*.yaml")))
 SEED_MAX = 2**32 - 1  # numpy's seed range (transformers.set_seed seeds numpy too)
 
 # Fallbacks, used only when the installed package's source cannot be read (trl 1.16, transformers 5.24).
@@ -334,7 +337,7 @@ class _Checker:
     # -- sections -------------------------------------------------------------------------------
     def run(self) -> None:
         for section in (self.top, self.env, self.model, self.training_bc, self.eto, self.evaluation, self.prompt,
-                        self.compare, self.export, self.bench):
+                        self.compare, self.export, self.bench, self.reading):
             section()
 
     def top(self) -> None:
@@ -641,6 +644,7 @@ class _Checker:
             self.number("eval.vllm.max_num_seqs", ge=1, integer=True)
             self.boolean("eval.vllm.enforce_eager")
         self.boolean("eval.overlap_env")
+        self.boolean("eval.data_parallel")
         self.number("eval.env_retries", ge=0, integer=True)
         new = self.number("eval.generation.max_new_tokens", ge=1, integer=True)
         ctx = self.get("model.max_context")
@@ -752,10 +756,42 @@ class _Checker:
             self.bad("bench.threads", threads, "a non-empty list of torch thread counts >= 1")
         self.number("bench.bc_trajectories", ge=1, integer=True)
         self.number("bench.bc_steps", ge=1, integer=True)
-        self.enum("bench.only", ("sciworld",), null="every section")
+        self.enum("bench.only", ("rollout", "sciworld", "envsteps", "data_parallel"), null="every section")
         self.string("bench.sciworld.split")
         self.number("bench.sciworld.variations", ge=0, integer=True, when=" (0 skips the section)")
         self.number("bench.sciworld.repeats", ge=1, integer=True)
+        if self.raw("bench.envsteps") is not _ABSENT:
+            self.boolean("bench.envsteps.enabled")
+            self.str_list("bench.envsteps.envs", choices=ENV_NAMES)
+            for key in ("gpu_batch", "rounds", "tasks", "repeats"):
+                self.number(f"bench.envsteps.{key}", ge=1, integer=True)
+            batch = self.mapping("bench.envsteps.batch", "environments per env name, each an integer >= 1")
+            for name in (batch if batch is not _ABSENT else {}):
+                self.number(f"bench.envsteps.batch.{name}", ge=1, integer=True)
+            self.string("bench.envsteps.split")
+            threads = self.value("bench.envsteps.step_threads", "")
+            if threads is not _ABSENT and (not isinstance(threads, list) or not threads
+                                           or not all(_is_number(t, integer=True) and t >= 1 for t in threads)):
+                self.bad("bench.envsteps.step_threads", threads, "a non-empty list of thread counts >= 1")
+            self.number("bench.envsteps.assumed_gpu.tokens_per_s", gt=0)
+            self.number("bench.envsteps.assumed_gpu.tokens_per_step", gt=0)
+        if self.raw("bench.data_parallel") is not _ABSENT:
+            self.boolean("bench.data_parallel.enabled")
+            self.number("bench.data_parallel.processes", ge=2, integer=True)
+            self.string("bench.data_parallel.split")
+            self.number("bench.data_parallel.repeats", ge=1, integer=True)
+            self.str_list("bench.data_parallel.overrides", nonempty=False)
+            self.number("bench.data_parallel.timeout_s", gt=0)
+
+    def reading(self) -> None:
+        if self.raw("reading") is _ABSENT:
+            return
+        self.string("reading.split")
+        pol = self.mapping("reading.policies", "tags mapped to checkpoint folders or hub ids")
+        if pol is not _ABSENT and not pol:
+            self.bad("reading.policies", pol, "at least one tag mapped to a checkpoint folder or hub id")
+        self.number("reading.permutations", ge=1, integer=True)
+        self.number("reading.alpha", gt=0, lt=1)
 
 
 def config_errors(cfg: Any) -> list[str]:

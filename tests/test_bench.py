@@ -1,0 +1,124 @@
+"""The measurement helpers of `make bench` (eto_train.benchmarks), on the tiny model and real games."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from eto_train.benchmarks import (compare_episodes, comparable_episodes, manifest_seconds, policy_budget,
+                                  simulator_of, spread, step_envs)
+from eto_train.envs import StepResult, Task, make_env
+from eto_train.model.load import load_model, load_tokenizer
+from eto_train.rollout import GenerationConfig, Policy
+
+
+def test_batched_generate_answers_each_conversation_as_it_answers_it_alone(tiny_model_dir):
+    """The batched HF generate baseline (left padding, masked) gives each row what one row alone gets."""
+    policy = Policy(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)),
+                    GenerationConfig(max_new_tokens=6))
+    sys_ = {"role": "system", "content": "Actions: take, put"}
+    convs = [[sys_, {"role": "user", "content": "Task: sort\nObservation: " + "a box and a key " * n}]
+             for n in (1, 6, 3)]  # three lengths: two rows are padded
+    batched = policy.generate(convs)
+    alone = [policy.generate([c])[0] for c in convs]
+    assert batched == alone
+    assert len({r[1] for r in batched}) == 3  # the prompts did differ in length
+
+
+def test_step_envs_plays_gold_paths_round_robin(twx_cfg):
+    lister = make_env(twx_cfg)
+    try:
+        tasks = spread(lister.tasks("train"), 3)
+        gold = {t.task_id: lister.expert_actions(t) for t in tasks}
+    finally:
+        lister.close()
+    assert [t.game for t in tasks] == ["sorting", "arithmetic", "sorting"]  # each game in turn
+    envs = [make_env(twx_cfg) for _ in range(4)]
+    try:
+        serial = step_envs(envs, tasks, gold, rounds=6)
+        threaded = step_envs(envs, tasks, gold, rounds=6, threads=2)
+    finally:
+        for env in envs:
+            env.close()
+    assert serial["steps"] == 24 and len(serial["round_s"]) == 6 and serial["steps_per_s"] > 0
+    # gold paths end (and are won), and their environments take the next task of the queue
+    assert serial["resets"] == serial["gold_paths_ended"] == serial["gold_paths_won"] > 0
+    assert threaded["observations"] == serial["observations"]  # the same work, answered the same
+    assert threaded["resets"] == serial["resets"]
+
+
+def test_policy_budget_is_the_time_of_one_generate_call():
+    b = policy_budget(256, tokens_per_s=5000, tokens_per_step=40)
+    assert b["generate_call_s"] == pytest.approx(2.048)
+    assert b["env_steps_per_s_needed"] == pytest.approx(125) and b["ms_per_step_allowed"] == pytest.approx(8.0)
+
+
+def _episode(eid, latency, path, action="take key"):
+    return {"episode_id": eid, "policy": {"id": "bench@abc", "path": path},
+            "steps": [{"index": 0, "action": action, "latency_s": latency}]}
+
+
+def test_two_plays_compare_without_latencies_and_paths(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(e) + "\n" for e in [_episode("x", 0.1, "/one"), _episode("y", 0.2, "/one")]))
+    b.write_text("".join(json.dumps(e) + "\n" for e in [_episode("y", 0.5, "/two"), _episode("x", 0.7, "/two")]))
+    same = compare_episodes(comparable_episodes(a), comparable_episodes(b))
+    assert same["same"] and not same["same_order"]
+    b.write_text(json.dumps(_episode("x", 0.1, "/one", action="put key")) + "\n" + json.dumps(_episode("z", 0, "/one")) + "\n")
+    other = compare_episodes(comparable_episodes(a), comparable_episodes(b))
+    assert not other["same"] and other["differing"] == ["x"] and other["in_one_only"] == ["y", "z"]
+
+
+def test_manifest_seconds_of_a_finished_stage_only(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "running"}))
+    with pytest.raises(RuntimeError, match="not done"):
+        manifest_seconds(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "done", "seconds": 12.5}))
+    assert manifest_seconds(tmp_path) == 12.5
+
+
+def test_spread_takes_each_game_in_turn():
+    tasks = [Task("twx", g, "train", s, "train") for g in ("a", "b") for s in range(3)]
+    assert [(t.game, t.seed) for t in spread(tasks, 4)] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+
+
+class _Host:
+    def __init__(self):
+        self.busy, self.overlaps = False, 0
+
+
+class _FakeEnv:
+    """A game whose ``_host`` stands for its simulator process; a call that finds the host busy
+    with another game's call counts as an overlap."""
+
+    def __init__(self, host):
+        self._host = host
+
+    def _call(self):
+        h = self._host
+        h.overlaps += h.busy
+        h.busy = True
+        time.sleep(0.002)
+        h.busy = False
+
+    def reset(self, task):
+        self._call()
+
+    def step(self, action):
+        self._call()
+        return StepResult(observation=action, reward=0.0, done=False, success=False)
+
+
+def test_threaded_stepping_never_calls_one_simulator_from_two_threads_at_once():
+    hosts = [_Host(), _Host()]
+    envs = [_FakeEnv(hosts[i % 2]) for i in range(6)]
+    task = Task("fake", "g", "train", 0, "train")
+    res = step_envs(envs, [task], {task.task_id: ["a", "b", "c"]}, rounds=2, threads=2)
+    assert res["observations"] == ["a"] * 6 + ["b"] * 6
+    assert [h.overlaps for h in hosts] == [0, 0]
+    assert simulator_of(envs[0]) == simulator_of(envs[2]) != simulator_of(envs[1])
+    free = [_FakeEnv(_Host()) for _ in range(4)]
+    free[0]._host = free[1]._host = None  # no simulator host: each game its own lane
+    assert simulator_of(free[0]) != simulator_of(free[1])
