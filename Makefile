@@ -15,7 +15,7 @@ DEMO_ARGS ?= eto.iterations=2 'compare.splits=[seen]'
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model pretrain bc eval eto-iter eto compare-contrast demo report sweep-table export test rehearse bench clean help
+.PHONY: setup experts model pretrain bc eval eto-iter eto reading compare-contrast demo report sweep-table export test rehearse bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -49,6 +49,9 @@ eto-iter: setup ## one ETO iteration (explore -> pairs -> dpo -> eval on dev) fr
 
 eto: setup ## bc if needed, then ETO iterations up to eto.iterations with early stopping; best policy on test
 	$(TRAIN) scripts/eto.py $(ARGS)
+
+reading: setup ## does each policy read its observation? first mapreader move / twc take vs chance (reading.policies)
+	$(PY) scripts/reading.py $(ARGS)
 
 compare-contrast: setup ## trajectory / step / mixture DPO and an SFT control from one BC checkpoint, paired vs BC
 	$(PY) scripts/compare.py $(ARGS)

@@ -127,6 +127,23 @@ def test_adding_a_held_out_split_replays_no_evaluation(toy_run):
     assert extra["overall"]["episodes"] == 2  # one test-fold seed of each game
 
 
+def test_reading_tests_first_moves_and_takes_on_the_evaluations_episodes(toy_run):
+    before = (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text()
+    proc = _ok(run_stage("reading.py", toy_run.parent, "reading.split=seen", "reading.permutations=50"))
+    assert "[eval/bc/seen] up to date" in proc.stdout and "mapreader first move" in proc.stdout
+    assert (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text() == before  # played once, reused
+    res = json.loads((toy_run / "reading" / "seen.json").read_text())["policies"]["bc"]
+    eps = [json.loads(x) for x in (toy_run / "eval" / "bc" / "seen" / "episodes.jsonl").read_text().splitlines()]
+    for key, game, prefix in (("first_move", "mapreader", "move "), ("first_take", "twc", "take ")):
+        firsts = [next((s["action"][len(prefix):] for s in e["steps"] if (s["action"] or "").startswith(prefix)),
+                       "(none)") for e in eps if e["game"] == game]
+        assert res[key]["n"] == len(firsts) == 2 and sum(res[key]["choices"].values()) == 2
+        assert res[key]["choices"] == {c: firsts.count(c) for c in firsts}
+        assert 0 <= res[key]["hits"] <= 2 and 0 < res[key]["p"] <= 1
+    bad = run_stage("reading.py", toy_run.parent, "reading.permutations=0", "reading.policies=null")
+    assert bad.returncode != 0 and "reading.permutations=0" in bad.stderr and "reading.policies=null" in bad.stderr
+
+
 def test_a_control_matched_to_an_absent_variant_is_a_clear_error(toy_run):
     proc = run_stage("compare.py", toy_run.parent, "compare.variants=[step]", "compare.control_of=trajectory")
     assert proc.returncode != 0

@@ -1,0 +1,65 @@
+"""Stage `reading` (make reading): does each policy read its observation? ETO's precondition.
+
+Each policy of ``reading.policies`` plays ``reading.split`` (an ordinary eval stage under
+``runs/<run>/eval/<tag>/<split>``, reused when it has been played already); then its first
+mapreader move and its first twc take are tested against the chance line of its own mix
+(src/eto_train/reading.py). Result: ``runs/<run>/reading/<split>.json`` and a table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..envs import make_env
+from ..reading import first_move_test, first_take_test, right_answers
+from ..stage import to_plain
+from ..store import read_episodes, write_json
+from ..validate import check_config
+from .evaluate import evaluate_policy
+
+
+def run(cfg) -> dict[str, Any]:
+    check_config(cfg)
+    r = cfg.reading
+    env = make_env(to_plain(cfg.env))
+    try:
+        tasks = env.tasks(r.split)
+        gold_move, takeable = right_answers(env, tasks)
+    finally:
+        env.close()
+    out_root, results = Path(cfg.paths.run), {}
+    for tag, path in to_plain(r.policies).items():
+        evaluate_policy(cfg, str(path), tag, [r.split], out_root / "eval" / tag)
+        eps = read_episodes(out_root / "eval" / tag / r.split / "episodes.jsonl")
+        by_game = lambda g: [e for e in eps if e.game == g]  # noqa: E731
+        kw = {"permutations": int(r.permutations), "seed": int(cfg.seed)}
+        results[tag] = {"policy": eps[0].policy.id if eps else str(path),
+                        "success": {g: sum(e.success for e in by_game(g)) / max(1, len(by_game(g)))
+                                    for g in sorted({e.game for e in eps})},
+                        "first_move": first_move_test(by_game("mapreader"), gold_move, **kw)
+                        if by_game("mapreader") else None,
+                        "first_take": first_take_test(by_game("twc"), takeable, **kw) if by_game("twc") else None}
+    report = {"split": r.split, "alpha": r.alpha, "policies": results}
+    write_json(out_root / "reading" / f"{r.split}.json", report)
+    Console(width=140, markup=False).print(table(report))
+    return report
+
+
+def table(report: dict[str, Any]) -> Table:
+    t = Table(title=f"Does the policy read? first moves / takes on {report['split']} "
+                    f"(one-sided permutation test; holds at p < {report['alpha']})")
+    for col in ("policy", "test", "n", "right", "chance line", "p", "holds", "its choices"):
+        t.add_column(col)
+    for tag, res in report["policies"].items():
+        for name, key in (("mapreader first move", "first_move"), ("twc first take in the room", "first_take")):
+            x = res[key]
+            if x is None:
+                continue
+            choices = ", ".join(f"{c} {k}" for c, k in list(x["choices"].items())[:5])
+            t.add_row(tag, name, str(x["n"]), str(x["hits"]), f"{x['expected']:.1f}", f"{x['p']:.2g}",
+                      "yes" if x["p"] < report["alpha"] else "no", choices)
+    return t
