@@ -337,3 +337,26 @@ def test_files_get_the_umask_permissions_not_0600(tmp_path):
     assert mode("a.txt") == mode("stage/manifest.json") == mode("e.jsonl") == 0o644
     assert mode("b.json") == 0o664
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_checkpoint_that_safetensors_writes_0600_is_readable_once_its_stage_is_done(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from eto_train.stage import Stage
+
+    old = os.umask(0o022)
+    try:
+        s = Stage("toy", tmp_path / "stage", {"v": 1}, outputs=["model"])
+        s.begin()
+        (s.work / "model").mkdir(parents=True)
+        save_file({"w": torch.zeros(2)}, str(s.work / "model" / "model.safetensors"))
+        (s.work / "model" / "kept.bin").write_bytes(b"x")
+        (s.work / "model" / "kept.bin").chmod(0o640)  # set on purpose: left alone
+        assert (s.work / "model" / "model.safetensors").stat().st_mode & 0o777 == 0o600  # what the library does
+        s.finish()
+    finally:
+        os.umask(old)
+    model = tmp_path / "stage" / "model"
+    assert (model / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (model / "kept.bin").stat().st_mode & 0o777 == 0o640

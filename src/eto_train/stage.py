@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .distributed import is_main
-from .store import write_json
+from .store import umask_modes, write_json
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers",
             "textworld-express", "scienceworld", "hydra-core", "eto-train")
@@ -387,6 +387,7 @@ class Stage:
         return resumable
 
     def finish(self, metrics: dict[str, Any] | None = None, **extra: Any) -> None:
+        umask_modes(self.work)  # checkpoints readable by the team, like every other output
         manifest = {
             "stage": self.name, "status": "done", "config": self.config,
             "config_hash": config_hash(self.config), "inputs": self.inputs,

@@ -44,6 +44,23 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def umask_modes(folder: str | os.PathLike) -> int:
+    """Give the files under ``folder`` that a library wrote as 0600 the process's normal mode
+    (0666 less the umask); returns how many changed. safetensors (and ``tempfile``) create their
+    files 0600, so without this a teammate or a job under another user could not load a checkpoint
+    the stage wrote. Files with any other mode were set on purpose and are left alone."""
+    mask = os.umask(0)
+    os.umask(mask)
+    mode, changed = 0o666 & ~mask, 0
+    if mode == 0o600:
+        return 0
+    for f in Path(folder).rglob("*"):
+        if f.is_file() and not f.is_symlink() and (f.stat().st_mode & 0o777) == 0o600:
+            f.chmod(mode)
+            changed += 1
+    return changed
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
