@@ -99,7 +99,7 @@ def test_bad_pretrain_values_are_named_before_anything_runs():
                        "pretrain.data.settings=[{game:chess}]"]))
     text = str(err.value)
     for key in ("pretrain.data.heldout: positions 800..849 of the train fold are used by an env split",
-                "pretrain.train.seq_len=2048", "pretrain.data.kinds", "pretrain.arch.hidden_size=256",
+                "pretrain.train.seq_len=2048", "pretrain.data.kinds", "pretrain.arch.hidden_size=128",
                 "pretrain.data.settings[0].game", "5 bad config values"):
         assert key in text, (key, text)
 
