@@ -24,6 +24,7 @@ TOY = [
     "eto.explore.tasks_per_game=3", "eto.explore.batch_size=6", "eto.dpo.max_steps=2", "eto.dpo.batch_size=2", "eto.dpo.logging_steps=1",
     "eto.dpo.loss_type=[sigmoid]", "eto.dpo.loss_weights=null",  # the paper's loss: log 2 at step 0
     "runtime.train_threads=1", "runtime.rollout_threads=1",  # make test runs two workers on two cores
+    "reading.split=seen", "reading.permutations=200",  # the demo's reading on the episodes already played
 ]
 
 
@@ -179,6 +180,9 @@ def test_demo_report_has_iterations_variants_control_configs_and_versions(toy_ru
     assert set(result["best_vs_bc"]["seen"]["per_game"]) == {"mapreader", "twc"}
     # BC was evaluated once, by the first stage that needed it; the demo reused it
     assert json.loads((toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text())["status"] == "done"
+    # the reading precondition of BC (and of the best iteration, when there is one), on those episodes
+    assert "## Does the policy read its observation? (seen)" in report and "| bc | mapreader first move | 2 |" in report
+    assert set(rep["reading"]["policies"]) == {"bc"} | ({"eto_best"} if result["best_iteration"] else set())
 
 
 def test_multirun_sweep_gives_each_job_its_folder_and_one_table(toy_run):

@@ -22,7 +22,9 @@ from ..validate import check_config
 from .evaluate import evaluate_policy
 
 
-def run(cfg) -> dict[str, Any]:
+def run(cfg, policies: dict[str, str] | None = None) -> dict[str, Any]:
+    """``policies`` (tag -> checkpoint) replaces ``reading.policies`` (the demo passes BC and its best
+    ETO iteration). BC's episodes are BC's evaluation (``paths.bc_eval``), the others' ``eval/<tag>``."""
     check_config(cfg)
     r = cfg.reading
     env = make_env(to_plain(cfg.env))
@@ -32,9 +34,10 @@ def run(cfg) -> dict[str, Any]:
     finally:
         env.close()
     out_root, results = Path(cfg.paths.run), {}
-    for tag, path in to_plain(r.policies).items():
-        evaluate_policy(cfg, str(path), tag, [r.split], out_root / "eval" / tag)
-        eps = read_episodes(out_root / "eval" / tag / r.split / "episodes.jsonl")
+    for tag, path in (policies or to_plain(r.policies)).items():
+        root = Path(cfg.paths.bc_eval) if tag == "bc" else out_root / "eval" / tag
+        evaluate_policy(cfg, str(path), tag, [r.split], root)
+        eps = read_episodes(root / r.split / "episodes.jsonl")
         by_game = lambda g: [e for e in eps if e.game == g]  # noqa: E731
         kw = {"permutations": int(r.permutations), "seed": int(cfg.seed)}
         results[tag] = {"policy": eps[0].policy.id if eps else str(path),

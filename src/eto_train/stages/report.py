@@ -119,9 +119,29 @@ def build(cfg) -> dict[str, Any]:
                     "beats_control": "vs_control" in x and x["vs_control"]["diff_ci95"][0] > 0}
 
         verdict = {"split": headline, **beats(r), "per_game": {g: beats(x) for g, x in r["per_game"].items()}}
+    reading = run / "reading" / f"{cfg.reading.split}.json"
     return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
-            "splits": rows, "verdict": verdict,
+            "splits": rows, "verdict": verdict, "reading": json.loads(reading.read_text()) if reading.exists() else None,
             "faults": fault_accounts(run)}
+
+
+def reading_section(rd: dict[str, Any] | None) -> list[str]:
+    """The precondition (make reading): does each policy's first move / take follow its observation?"""
+    if not rd:
+        return []
+    out = ["", f"## Does the policy read its observation? ({rd['split']})", "",
+           "The first mapreader `move` against the gold direction, the first twc `take` against the objects the room "
+           "offers, each against the chance line of the policy's own mix (one-sided permutation test; the "
+           f"precondition for ETO's gain holds at p < {rd['alpha']}).", "",
+           "| policy | test | n | right | chance line | p | holds | its choices |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for tag, res in rd["policies"].items():
+        for name, key in (("mapreader first move", "first_move"), ("twc first take in the room", "first_take")):
+            if (x := res.get(key)) is not None:
+                top = sorted(x["choices"].items(), key=lambda ck: (-ck[1], ck[0]))[:4]  # the JSON has them by name
+                choices = ", ".join(f"{c} {k}" for c, k in top)
+                out.append(f"| {tag} | {name} | {x['n']} | {x['hits']} | {x['expected']:.1f} | {x['p']:.2g} | "
+                           f"{'yes' if x['p'] < rd['alpha'] else 'no'} | {choices} |")
+    return out
 
 
 def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
@@ -160,6 +180,7 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
         for game, g in v["per_game"].items():
             out.append(f"On {game} alone it {'beats' if g['beats_bc'] else 'does not beat'} BC and "
                        f"{'beats' if g['beats_control'] else 'does not beat'} the control.")
+    out += reading_section(rep.get("reading"))
     out += ["", "## Environment faults", "",
             "Every failed environment call an episode met: recovered (the episode was rebuilt on a fresh instance "
             "by replaying its actions, and went on) or, after `eval.env_retries` retries of one call, ended as "
