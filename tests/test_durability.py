@@ -136,7 +136,7 @@ def test_experts_cut_short_then_bc_fails_and_the_finished_bc_is_kept(toy, monkey
     experts = run / "experts" / "train.jsonl"
     whole, before = experts.read_bytes(), files(run / "bc")
     experts.write_bytes(whole[:-40])  # the last line cut
-    monkeypatch.setattr(bc, "train_sft", lambda *a, **k: pytest.fail("bc trained on a file it had not read whole"))
+    monkeypatch.setattr(bc.recipe, "train", lambda *a, **k: pytest.fail("bc trained on a file it had not read whole"))
     try:
         with pytest.raises(RecordError, match=rf"{experts}:\d+: malformed JSON"):
             bc.run(cfg)
@@ -232,7 +232,7 @@ def test_a_nan_during_training_stops_bc_naming_stage_and_step_and_keeps_the_fini
 def test_two_evaluations_of_the_same_tag_at_once_never_record_an_episode_twice(toy, tmp_path):
     runs = toy["runs"]
     overrides = [o for o in toy["overrides"] if not o.startswith("env.splits.seen.count=")]
-    cmd = [sys.executable, str(ROOT / "scripts" / "evaluate.py"), *overrides, "eval.tag=twin",
+    cmd = [sys.executable, "-m", "eto_train.cli", "eval", *overrides, "eval.tag=twin",
            "env.splits.seen.count=5"]  # 10 episodes
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ETO_TRAIN_KILL_AT", None)

@@ -54,6 +54,7 @@ STEP_POSITIONS = ("all", "sample", "first_divergence")
 METRICS = ("success_rate", "mean_score")  # env.metric (stages/eto.py METRICS; a test keeps them equal)
 BACKENDS = ("hf", "vllm")
 DTYPES = ("float32", "float16", "bfloat16")  # torch dtypes a checkpoint is loaded in (model/load.py)
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # WANDB_MODE values wandb accepts
 WEBSHOP_OBSERVATION_MODES = ("html", "text", "text_rich", "url")  # WebAgentTextEnv's observation modes
 BNB_4BIT_QUANT_TYPES = ("nf4", "fp4")
@@ -112,6 +113,38 @@ def scheduler_types() -> tuple[str, ...]:
 def save_strategies() -> tuple[str, ...]:
     """transformers' ``SaveStrategy`` values (``save_strategy``), from the installed transformers."""
     return _enum_values(_package_file("transformers", "trainer_utils.py"), "SaveStrategy") or _SAVE_STRATEGIES_FALLBACK
+
+
+# The TRL arguments a bc / eto.dpo section already sets under its own names (training/sft.py:
+# sft_config, training/dpo.py: dpo_config); its free-form ``trainer`` mapping passes any other one.
+SET_BY_SECTION = {
+    "sft": frozenset({"output_dir", "assistant_only_loss", "max_length", "per_device_train_batch_size",
+                      "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "warmup_steps",
+                      "weight_decay", "num_train_epochs", "max_steps", "logging_steps", "logging_nan_inf_filter",
+                      "save_strategy", "save_steps", "save_total_limit", "bf16", "activation_checkpointing",
+                      "seed", "data_seed", "report_to", "disable_tqdm", "dataloader_num_workers", "use_cpu"}),
+    "dpo": frozenset({"output_dir", "beta", "loss_type", "loss_weights", "learning_rate", "num_train_epochs",
+                      "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                      "lr_scheduler_type", "warmup_steps", "max_length", "precompute_ref_log_probs",
+                      "logging_steps", "logging_nan_inf_filter", "save_strategy", "save_steps",
+                      "save_total_limit", "bf16", "use_cpu", "activation_checkpointing", "seed", "data_seed",
+                      "report_to", "disable_tqdm", "dataloader_num_workers", "remove_unused_columns"}),
+}
+
+
+def _fields(path: Path | None, name: str) -> set[str]:
+    node = _class_node(path, name)
+    return {s.target.id for s in (node.body if node else []) if isinstance(s, ast.AnnAssign)
+            and isinstance(s.target, ast.Name)}
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_fields(kind: str) -> frozenset[str]:
+    """The arguments of TRL's ``SFTConfig`` / ``DPOConfig`` (with transformers' ``TrainingArguments``),
+    read from the installed packages' sources; empty when they cannot be read (then not checked)."""
+    own = _fields(_package_file("trl", "trainer", f"{kind}_config.py"), f"{kind.upper()}Config")
+    base = _fields(_package_file("transformers", "training_args.py"), "TrainingArguments")
+    return frozenset(own | base) if own and base else frozenset()
 
 
 @functools.lru_cache(maxsize=None)
@@ -388,6 +421,17 @@ class _Checker:
     def _step_limit(self, null: str | None = None) -> None:
         self.number("env.step_limit", ge=1, integer=True, null=null, when=" (max steps per episode)")
 
+    def _fold_splits(self, splits: dict, folds, rest: str):
+        """The config keys of the splits given as ``{fold: <fold>, <rest>}`` mappings, fold checked,
+        one at a time (the caller checks the rest of each before the next); other splits are errors."""
+        for split, spec in splits.items():
+            k = f"env.splits.{split}"
+            if not isinstance(spec, dict):
+                self.bad(k, spec, f"{{fold: {'|'.join(folds)}, {rest}}}")
+                continue
+            self.enum(f"{k}.fold", folds, required=True)
+            yield k
+
     def env_twx(self, splits: dict) -> None:
         self._step_limit()
         games = self.value("env.games", "")
@@ -401,12 +445,7 @@ class _Checker:
                     if not isinstance(g.get("params", "") or "", str):
                         self.bad(f"env.games.{i}.params", g["params"], "a string of game parameters, e.g. "
                                                                         "'numLocations=3'")
-        for split, spec in splits.items():
-            k = f"env.splits.{split}"
-            if not isinstance(spec, dict):
-                self.bad(k, spec, f"{{fold: {'|'.join(TWX_FOLDS)}, start: <int >= 0>, count: <int >= 1>}}")
-                continue
-            self.enum(f"{k}.fold", TWX_FOLDS, required=True)
+        for k in self._fold_splits(splits, TWX_FOLDS, "start: <int >= 0>, count: <int >= 1>"):
             self.number(f"{k}.start", ge=0, integer=True, required=True)
             self.number(f"{k}.count", ge=1, integer=True, required=True)
 
@@ -436,12 +475,7 @@ class _Checker:
 
     def env_alfworld(self, splits: dict) -> None:
         self._step_limit()
-        for split, spec in splits.items():
-            k = f"env.splits.{split}"
-            if not isinstance(spec, dict):
-                self.bad(k, spec, f"{{fold: {'|'.join(ALFWORLD_FOLDS)}, ids: <file> (optional)}}")
-                continue
-            self.enum(f"{k}.fold", ALFWORLD_FOLDS, required=True)
+        for k in self._fold_splits(splits, ALFWORLD_FOLDS, "ids: <file> (optional)"):
             self.string(f"{k}.ids", null="every solvable game of the fold")
         types = self.value("env.task_types", "")
         allowed = f"a non-empty list of ALFWorld task types, each {_one_of(sorted(ALFWORLD_TASK_TYPES))}, or null (all)"
@@ -486,6 +520,7 @@ class _Checker:
         self.enum("model.dtype", DTYPES)
         max_context = self.number("model.max_context", ge=1, integer=True)
         self.string("model.chat_template", null="the tokenizer's own")
+        self.enum("model.attn_implementation", ATTN_IMPLEMENTATIONS, null="transformers' default")
         tok = self.mapping("model.tokenizer", "{vocab_size: <int>, min_frequency: <int>}",
                            null="a pretrained model's own" if build is not True else None)
         if tok is not _ABSENT:
@@ -548,6 +583,17 @@ class _Checker:
         self.number(f"{p}.save_total_limit", ge=1, integer=True, null="keep every checkpoint")
         for b in ("bf16", "gradient_checkpointing", "use_cpu"):
             self.boolean(f"{p}.{b}")
+        kind = "sft" if p == "bc" else "dpo"
+        cls = f"{kind.upper()}Config"
+        extra = self.mapping(f"{p}.trainer", f"a mapping of other {cls} arguments under TRL's names, e.g. "
+                             "{max_grad_norm: 0.5, optim: adamw_torch_fused}", null="none")
+        if extra is not _ABSENT:
+            fields = trainer_fields(kind)
+            for k in sorted(extra):
+                if k in SET_BY_SECTION[kind]:
+                    self.bad(f"{p}.trainer.{k}", extra[k], f"{p} sets this argument from its own keys: use that key")
+                elif fields and k not in fields:
+                    self.bad(f"{p}.trainer.{k}", extra[k], f"not a {cls} argument (trl {_version('trl')})")
 
     def training_bc(self) -> None:
         if self.raw("bc") is _ABSENT:

@@ -21,13 +21,14 @@ from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 from rich.table import Table
 
-from ..distributed import grad_accum, is_main, wait_for_manifest, world_size
+from .. import tracking
+from ..distributed import grad_accum, world_size
 from ..evaluation import comparison
 from ..model.load import check_quantization
 from ..pairs import Pair
-from ..stage import Stage, config_hash, setup_runtime, setup_wandb, to_plain
+from ..stage import Stage, setup_runtime, to_plain
 from ..store import write_atomic, write_json
-from ..training.sft import train_sft
+from ..training import recipe
 from ..validate import check_config
 from . import dpo, explore, pairs
 from .eto import prepare_bc
@@ -69,12 +70,12 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, ou
     """Continue ``policy_path`` with SFT on the chosen sides of one variant's ``vpairs`` for as many
     optimizer steps and examples as that variant's DPO (in ``variant_dir``) took.
 
-    The same recipe as the bc stage (:func:`eto_train.training.sft.train_sft`): ``model.lora`` /
-    ``model.quantization`` as configured, a killed run resumes from its last checkpoint, and the
-    policy is saved as one plain merged checkpoint.
+    The recipe of every training stage (:mod:`eto_train.training.recipe`), as bc and dpo:
+    ``model.lora`` / ``model.quantization`` as configured, a killed run resumes from its last
+    checkpoint, and the policy is saved as one plain merged checkpoint.
     """
     console = Console(markup=False)
-    check_quantization(cfg.model.get("quantization"))  # before anything is written
+    check_quantization(cfg.model.get("quantization"))  # before anything is written (the lock included)
     setup_runtime(cfg.runtime.train_threads)
     dpo_run = json.loads((variant_dir / "dpo" / "manifest.json").read_text())
     d, steps = dpo_run["config"]["dpo"], int(dpo_run["metrics"]["optimizer_steps"])
@@ -86,40 +87,27 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, ou
                   outputs=["model", "checkpoints", "adapter"])
     if stage.done():
         return str(out / "model")
-    try:
-        # check, then touch: the model, tokenizer and arguments load before begin(); a finished
-        # control stays in place while a rerun trains in stage.work (.next)
-        trained = train_sft(chosen, name=stage.name, base=policy_path, out=stage.work, train=train,
-                            model=to_plain(cfg.model), seed=cfg.seed, begin=stage.begin,
-                            report_to=setup_wandb(to_plain(cfg.wandb), out),
-                            trust_remote_code=cfg.trust_remote_code, console=console)
-        if not is_main():  # under accelerate: the main process writes the manifest once the model is saved
-            wait_for_manifest(stage.manifest_path, config_hash(stage.config))
-            return str(out / "model")
-        _finish_control(stage, trained, train, steps, variant_dir, cfg, console, len(chosen), out)
-    finally:
-        stage.release()
+    eb = train["effective_batch"]
+
+    def metrics(t: recipe.Trained) -> dict:
+        m = {"effective_batch": t.effective_batch, "examples": t.examples, "per_device_batch": train["batch_size"],
+             "grad_accum": t.trainer.args.gradient_accumulation_steps, "control_of": variant_dir.name,
+             "dpo_optimizer_steps": steps, "dpo_effective_batch": eb, "dpo_examples": eb * steps,
+             "conversations": t.rows, "lora": bool(cfg.model.get("lora")),
+             "trainable_parameters": t.trainable_parameters}
+        if (t.optimizer_steps, t.examples) != (steps, eb * steps):
+            console.print(f"[{stage.name}] WARNING: {t.optimizer_steps} steps of {t.effective_batch} "
+                          f"examples, but the {variant_dir.name} DPO took {steps} steps of {eb}")
+        return m
+
+    trained = recipe.run_stage(stage, lambda: recipe.Job(stage.name, "sft", policy_path, chosen, train,
+                                                         to_plain(cfg.model), cfg.seed, cfg.trust_remote_code),
+                               metrics, console)
+    if trained.metrics:
+        console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {len(chosen)} chosen sides: "
+                      f"{trained.optimizer_steps} steps x {trained.effective_batch} examples "
+                      f"(as its DPO), loss {trained.metrics['train_loss']:.4f} -> {out / 'model'}")
     return str(out / "model")
-
-
-def _finish_control(stage, trained, train, steps, variant_dir, cfg, console, n_chosen, out) -> None:
-    result, eb = trained.result, train["effective_batch"]
-    metrics = {"train_loss": result.training_loss, "train_seconds": result.metrics["train_runtime"],
-               "optimizer_steps": trained.optimizer_steps, "effective_batch": trained.effective_batch,
-               "examples": trained.examples, "per_device_batch": train["batch_size"],
-               "grad_accum": trained.trainer.args.gradient_accumulation_steps,
-               "control_of": variant_dir.name, "dpo_optimizer_steps": steps, "dpo_effective_batch": eb,
-               "dpo_examples": eb * steps, "conversations": trained.conversations,
-               "lora": bool(cfg.model.get("lora")), "trainable_parameters": trained.trainable_parameters}
-    if trained.resumed_from:  # then train_loss and train_seconds cover the steps after the resume
-        metrics["resumed_from"] = Path(trained.resumed_from).name
-    if (metrics["optimizer_steps"], metrics["examples"]) != (steps, eb * steps):
-        console.print(f"[{stage.name}] WARNING: {metrics['optimizer_steps']} steps of {metrics['effective_batch']} "
-                      f"examples, but the {variant_dir.name} DPO took {steps} steps of {eb}")
-    stage.finish(metrics, output=str(out / "model"))
-    console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {n_chosen} chosen sides: "
-                  f"{metrics['optimizer_steps']} steps x {metrics['effective_batch']} examples "
-                  f"(as its DPO), loss {metrics['train_loss']:.4f} -> {out / 'model'}")
 
 
 def run(cfg) -> dict[str, Any]:
@@ -163,6 +151,9 @@ def run(cfg) -> dict[str, Any]:
         results["splits"][split] = comparison({n: evals[n] / split / "episodes.jsonl" for n in policies},
                                               cc.bootstrap, cfg.seed)
     write_json(out / "compare.json", results)
+    tracking.record("compare", to_plain(cc), {s: {n: {"success_rate": r["success"], **({"vs_bc": r["vs_bc"]["diff"]}
+                                                     if r.get("vs_bc") else {})} for n, r in rows.items()}
+                                              for s, rows in results["splits"].items()}, out)
     write_atomic(out / "compare.md", markdown(results))
     chart(results, out / "compare.png")
 

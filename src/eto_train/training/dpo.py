@@ -81,7 +81,8 @@ def dpo_config(out_dir: str, d: dict[str, Any], seed: int, report_to: str) -> DP
         save_strategy=d["save_strategy"], save_steps=d.get("save_steps") or 500,
         save_total_limit=d["save_total_limit"], bf16=d["bf16"], use_cpu=d["use_cpu"],
         activation_checkpointing=d["gradient_checkpointing"], seed=seed, data_seed=seed, report_to=report_to,
-        disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False)
+        disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False,
+        **(d.get("trainer") or {}))  # any other DPOConfig argument, under TRL's name
 
 
 def make_dpo_trainer(model, ref_model, tokenizer, dataset, args: DPOConfig, peft_config=None):

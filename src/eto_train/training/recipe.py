@@ -1,0 +1,188 @@
+"""The one training recipe of every stage that fine-tunes a policy: bc, dpo and the SFT control.
+
+torchtune's recipe shape, over TRL's trainers (which do the training itself):
+
+- **setup**: tokenizer, dataset, training arguments and model are loaded and checked before the
+  stage writes anything (check, then touch); ``model.lora`` adapters (PEFT), ``model.quantization``
+  (a 4-bit base, QLoRA), ``model.attn_implementation``; under ``accelerate launch`` the trainer
+  shards and gathers;
+- **train**: a killed run resumes from its last complete checkpoint (weights, optimizer, scheduler,
+  RNG); a non-finite loss or weight stops the stage; the tests' kill points hook in here;
+- **save**: one plain checkpoint (adapters merged, shards gathered), checked to load and be finite;
+- **cleanup**: the stage's manifest with the run's metrics (main process; the others wait for it),
+  and the stage's lock released whatever happens.
+
+What differs between the stages is data only: SFT on chat conversations (:mod:`.sft`, the
+assistant-token mask) or DPO on prompt/chosen/rejected pairs (:mod:`.dpo`, the action mask,
+the starting policy as the frozen reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from .. import faultpoints, tracking
+from ..distributed import is_main, wait_for_manifest, with_grad_accum, world_size
+from ..model.load import check_quantization, load_model, load_tokenizer
+
+
+@dataclass
+class Job:
+    """What a stage trains: ``kind`` "sft" on ``data`` = chat conversations, or "dpo" on ``data`` =
+    rows with ``prompt``/``chosen``/``rejected`` message lists; from ``base`` (for DPO also the
+    frozen reference) with the hyperparameters ``train`` (a bc-style or dpo section; ``trainer``
+    inside it passes any other TRL argument through) and the config's ``model`` section."""
+
+    name: str                       # the stage's name: log prefix and test kill point
+    kind: Literal["sft", "dpo"]
+    base: str
+    data: list[Any]
+    train: dict[str, Any]
+    model: dict[str, Any]
+    seed: int
+    trust_remote_code: bool = False
+
+
+@dataclass
+class Trained:
+    """A finished :func:`train` (on every process)."""
+
+    trainer: Any
+    result: Any                     # the Trainer's TrainOutput
+    resumed_from: str | None        # the checkpoint an interrupted run resumed from, else None
+    rows: int                       # rows of the training set (conversations or pairs)
+    trainable_parameters: int       # adapters only with model.lora
+    metrics: dict[str, Any] = field(default_factory=dict)  # what the stage's manifest got
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.result.global_step
+
+    @property
+    def effective_batch(self) -> int:
+        """Rows per optimizer step over all processes, as the trainer ran."""
+        a = self.trainer.args
+        return a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
+
+    @property
+    def examples(self) -> int:
+        """Rows trained on (with repeats): effective batch x optimizer steps."""
+        return self.effective_batch * self.optimizer_steps
+
+    def tokens_per_epoch(self) -> int:
+        return sum(len(x) for x in self.trainer.train_dataset["input_ids"])
+
+    def loss_logs(self) -> list[dict[str, Any]]:
+        return [h for h in self.trainer.state.log_history if "loss" in h]
+
+
+def peft_config_of(lora: dict[str, Any] | None):
+    """``model.lora`` (LoraConfig keywords) as a PEFT config, or None for full fine-tuning."""
+    if not lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", **lora)
+
+
+def _trainer_parts(job: Job, tokenizer, out: Path):
+    """The dataset, the TRL arguments and a trainer factory of the job's kind."""
+    train = with_grad_accum(job.train)
+    if job.kind == "sft":
+        from .sft import conversation_dataset, make_trainer, sft_config
+
+        return (conversation_dataset(job.data, tokenizer),
+                sft_config(str(out / "checkpoints"), train, job.seed, tracking.report_to()),
+                lambda model, ds, args, peft: make_trainer(model, tokenizer, ds, args, peft))
+    from datasets import Dataset
+
+    from .dpo import dpo_config, make_dpo_trainer
+
+    # ref_model=None: TRL uses the starting weights (the explorer) as the frozen reference, or the
+    # adapter-disabled model with LoRA (no second copy)
+    return (Dataset.from_list(job.data),
+            dpo_config(str(out / "checkpoints"), train, job.seed, tracking.report_to()),
+            lambda model, ds, args, peft: make_dpo_trainer(model, None, tokenizer, ds, args, peft))
+
+
+def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None, resume: bool = False,
+          console=None) -> Trained:
+    """Setup, train and save ``job`` into ``out`` (checkpoints in ``out/checkpoints``, the policy in
+    ``out/model``).
+
+    ``begin`` (the stage's :meth:`~eto_train.stage.Stage.begin`) is called once everything has
+    loaded, before the first write, and its answer replaces ``resume``: True resumes the last
+    complete checkpoint, False removes old ones.
+    """
+    from .resume import resume_checkpoint
+    from .save import finite_guard, save_policy
+
+    out = Path(out)
+    if console is None:
+        from rich.console import Console
+
+        console = Console(markup=False)
+
+    # -- setup: everything read and checked before the stage writes -----------------------------
+    m = job.model
+    check_quantization(m.get("quantization"))
+    tokenizer = load_tokenizer(job.base, trust_remote_code=job.trust_remote_code,
+                               chat_template=m.get("chat_template"))
+    dataset, args, make = _trainer_parts(job, tokenizer, out)
+    extra = {"attn_implementation": m["attn_implementation"]} if m.get("attn_implementation") else {}
+    policy = load_model(job.base, dtype=m["dtype"], trust_remote_code=job.trust_remote_code,
+                        quantization=m.get("quantization"), **extra)
+    if begin is not None:
+        resume = begin()
+    if job.kind == "dpo" and world_size() > 1:
+        # TRL caches the precomputed reference log-probs beside the dataset's files; an in-memory
+        # dataset has a temporary folder per process, so the others would not find rank 0's cache.
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():
+            dataset = dataset.flatten_indices(cache_file_name=str(out / "pairs_dataset" / "pairs.arrow"))
+    trainer = make(policy, dataset, args, peft_config_of(m.get("lora")))
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    trainer.add_callback(finite_guard(job.name))  # a NaN/Inf loss or weight stops the stage
+    if (kill := faultpoints.trainer_callback(job.name)) is not None:  # tests only
+        trainer.add_callback(kill)
+
+    # -- train (resumes from the last checkpoint of an interrupted run) -------------------------
+    ckpt = resume_checkpoint(out / "checkpoints", resume)
+    if ckpt:
+        console.print(f"[{job.name}] resuming from the last checkpoint {ckpt} (optimizer, scheduler, RNG)")
+    result = trainer.train(resume_from_checkpoint=ckpt)
+
+    # -- save: one plain checkpoint downstream (adapters merged; gathered from all processes) ---
+    save_policy(trainer, tokenizer, out / "model", job.base, m["dtype"], job.trust_remote_code, stage=job.name)
+    return Trained(trainer=trainer, result=result, resumed_from=ckpt, rows=len(dataset),
+                   trainable_parameters=trainable)
+
+
+def run_stage(stage, prepare: Callable[[], Job], metrics: Callable[[Trained], dict[str, Any]],
+              console=None) -> Trained:
+    """A training stage after its ``stage.done()`` said there is work: ``prepare()`` reads and
+    checks the inputs into a :class:`Job`, :func:`train` runs it in ``stage.work`` with
+    ``stage.begin`` as the first write, then (cleanup) the main process finishes the stage with
+    the run's metrics (``train_loss``, ``optimizer_steps``, ``train_seconds``, ``resumed_from``
+    after a resume, and ``metrics(trained)``); the other processes wait for that manifest. The
+    stage's lock is released whatever happens; a finished stage stays in place while a rerun
+    trains aside (see :class:`eto_train.stage.Stage`)."""
+    from ..stage import config_hash
+
+    try:
+        trained = train(prepare(), stage.work, begin=stage.begin, console=console)
+        if not is_main():  # under accelerate: the main process writes the manifest once the model is saved
+            wait_for_manifest(stage.manifest_path, config_hash(stage.config))
+            return trained
+        r = trained.result
+        trained.metrics = {"train_loss": r.training_loss, "optimizer_steps": r.global_step,
+                           "train_seconds": r.metrics["train_runtime"], **metrics(trained)}
+        if trained.resumed_from:  # then train_loss and train_seconds cover the steps after the resume
+            trained.metrics["resumed_from"] = Path(trained.resumed_from).name
+        stage.finish(trained.metrics, output=str(stage.dir / "model"))
+        return trained
+    finally:
+        stage.release()  # an error: the next run (of this or another process) may take the stage
