@@ -8,9 +8,12 @@ Whole-file outputs go through :func:`write_atomic` (temporary file, then rename)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import secrets
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -140,3 +143,110 @@ def read_episodes(path: str | os.PathLike, allow_partial_tail: bool = False) -> 
 
 def append_episodes(path: str | os.PathLike, episodes: Iterable[Episode]) -> None:
     append_jsonl(path, (ep.to_dict() for ep in episodes))
+
+
+# -- content identity of a folder: hashed once, then checked by a stat per file -----------------------
+#
+# Hashing a 7B checkpoint reads ~13 GB; a stage checks its inputs every run. The first hash of a
+# folder is kept in ``<folder>/.identity.json`` with each hashed file's relative path, size and
+# mtime_ns; a later request whose listing and stats all match is answered from it (no content is
+# read). The sidecar is never part of any hash (nor are its temporary files), so no hash changes.
+# It moves with its folder (a stage's outputs are swapped in by rename) and stays valid across a
+# ``copytree`` (which keeps mtimes). ``full=True`` or ETO_TRAIN_FULL_HASH=1 re-hashes (and refreshes it).
+
+IDENTITY_FILE = ".identity.json"
+IDENTITY_FORMAT = 1
+FULL_HASH_ENV = "ETO_TRAIN_FULL_HASH"
+# A file modified less than this before it was hashed is not trusted from its stats ("racily
+# clean", as git calls it): a later write within the same timestamp tick (1-2 s on some file
+# systems) would keep its size and mtime. Such an identity is not kept; the next request re-hashes.
+IDENTITY_RACY_NS = 2_000_000_000
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def is_identity_file(name: str) -> bool:
+    """The identity sidecar or one of its temporary files (see :func:`write_atomic`): never hashed."""
+    return name == IDENTITY_FILE or (name.startswith(f".{IDENTITY_FILE}.") and name.endswith(".tmp"))
+
+
+def full_hash_forced() -> bool:
+    return os.environ.get(FULL_HASH_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def sha256_files(root: str | os.PathLike, files: list[Path]) -> str:
+    """SHA-256 over each file's path relative to ``root`` followed by its bytes, in the given order."""
+    root, h = Path(root), hashlib.sha256()
+    for f in files:
+        h.update(str(Path(f).relative_to(root)).encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _file_stats(root: Path, files: list[Path]) -> list[list]:
+    out = []
+    for f in files:
+        st = os.stat(f)
+        out.append([Path(f).relative_to(root).as_posix(), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _read_identities(folder: Path) -> dict[str, Any]:
+    """The sidecar's entries by kind; {} when it is absent, unreadable or not ours (ignored)."""
+    try:
+        data = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != IDENTITY_FORMAT or not isinstance(data.get("entries"), dict):
+        return {}
+    return data["entries"]
+
+
+def _valid_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    sha, at, files = entry.get("sha256"), entry.get("hashed_at_ns"), entry.get("files")
+    return (isinstance(sha, str) and bool(_SHA256_HEX.fullmatch(sha)) and type(at) is int and isinstance(files, list)
+            and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and type(r[1]) is int
+                    and type(r[2]) is int for r in files))
+
+
+def _trusted(stats: list[list], hashed_at_ns: int) -> bool:
+    return all(mtime < hashed_at_ns - IDENTITY_RACY_NS for _, _, mtime in stats)
+
+
+def cached_identity(folder: str | os.PathLike, kind: str) -> dict[str, Any] | None:
+    """The kept identity of ``kind`` in ``folder`` ({"sha256", "hashed_at_ns", "files"}), unchecked; None if none."""
+    entry = _read_identities(Path(folder)).get(kind)
+    return entry if _valid_entry(entry) else None
+
+
+def identity_sha256(folder: str | os.PathLike, kind: str, files: list[Path], full: bool = False) -> str:
+    """:func:`sha256_files` of ``files`` under ``folder``, answered from ``folder``'s sidecar
+    when it holds an identity of this ``kind`` over exactly these files with the same sizes and
+    mtimes; otherwise hashed, and the sidecar updated (atomically; a folder that cannot be written,
+    e.g. read-only, simply gets none). ``kind`` names the selection of files and the hashing."""
+    folder = Path(folder)
+    started = time.time_ns()
+    stats = _file_stats(folder, files)
+    if not (full or full_hash_forced()):
+        entry = cached_identity(folder, kind)
+        if entry is not None and entry["files"] == stats and _trusted(stats, entry["hashed_at_ns"]):
+            return entry["sha256"]
+    sha = sha256_files(folder, files)
+    try:
+        if _trusted(stats, started) and _file_stats(folder, files) == stats:  # nothing moved while hashed
+            _keep_identity(folder, kind, {"sha256": sha, "hashed_at_ns": started, "files": stats})
+    except OSError:  # a read-only folder, a file gone meanwhile: no sidecar, same answer
+        pass
+    return sha
+
+
+def _keep_identity(folder: Path, kind: str, entry: dict[str, Any]) -> None:
+    if not os.access(folder, os.W_OK):
+        return
+    entries = {k: v for k, v in _read_identities(folder).items() if _valid_entry(v)}
+    entries[kind] = entry
+    write_atomic(folder / IDENTITY_FILE,
+                 json.dumps({"format": IDENTITY_FORMAT, "entries": entries}, sort_keys=True) + "\n")

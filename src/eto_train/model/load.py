@@ -2,39 +2,37 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..records import PolicyRef
+from ..store import identity_sha256
 
 
 class CheckpointError(FileNotFoundError):
     """A checkpoint that is missing or unreadable; the message names the path."""
 
 
-def weights_sha256(path: str | Path) -> str:
-    """Content hash of a checkpoint's weight files (safetensors only)."""
+def weights_sha256(path: str | Path, full: bool = False) -> str:
+    """Content hash of a checkpoint's weight files (safetensors only: each file's name, then its bytes).
+
+    Kept in the checkpoint's ``.identity.json`` once computed and answered from there while the
+    weight files' sizes and mtimes are unchanged (no 13 GB re-read per check of a 7B model);
+    ``full=True`` or ETO_TRAIN_FULL_HASH=1 re-hashes every byte (see ``store.identity_sha256``)."""
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors weights found")
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    return identity_sha256(path, "weights_sha256", files, full=full)
 
 
-def policy_ref(path_or_id: str, name: str | None = None) -> PolicyRef:
+def policy_ref(path_or_id: str, name: str | None = None, full: bool = False) -> PolicyRef:
     check_checkpoint(path_or_id)
     p = Path(path_or_id)
     if p.is_dir():
-        sha = weights_sha256(p)
+        sha = weights_sha256(p, full=full)
         return PolicyRef(id=f"{name or p.name}@{sha[:12]}", path=str(p), weights_sha256=sha)
     return PolicyRef(id=f"{path_or_id}@hub", path=str(path_or_id), weights_sha256="")
 
