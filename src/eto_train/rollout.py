@@ -15,13 +15,16 @@ import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .envs.base import Environment, EnvironmentFailure, StepResult, Task
 from .interrupt import interrupted
 from .prompting import (PromptConfig, first_user_message, format_action, parse_action, render_observation,
                         rollout_context, system_message)
 from .records import Episode, PolicyRef, Step, episode_key
+
+if TYPE_CHECKING:
+    from .progress import RolloutProgress
 
 
 @dataclass(frozen=True)
@@ -179,9 +182,15 @@ def run_rollouts(
     cfg: RolloutConfig,
     on_episode: Callable[[Episode], None],
     on_step: Callable[[int], None] | None = None,
+    progress: RolloutProgress | None = None,
 ) -> None:
-    """Play every item of ``work``; hand each finished episode to ``on_episode``."""
+    """Play every item of ``work``; hand each finished episode to ``on_episode``. ``progress``
+    (:class:`eto_train.progress.RolloutProgress`, whatever the policy's backend) counts each
+    episode once ``on_episode`` has taken it, and each batched step's rows."""
     import torch
+
+    if progress is not None:
+        on_episode = _counted(on_episode, progress)
 
     torch.manual_seed(cfg.seed)
     queue = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
@@ -228,6 +237,8 @@ def run_rollouts(
             active = [s for _, s in kept] + [s for _, s in restarted]
             if on_step:
                 on_step(len(outs))
+            if progress is not None:
+                progress.steps_done(len(outs))
     except BaseException:
         stopping = True
         raise
@@ -236,6 +247,13 @@ def run_rollouts(
         # rerun plays them again). Environment steps not started yet are cancelled.
         worker.shutdown(wait=True, cancel_futures=stopping)
         _close_all([s.env for s in slots], quiet=stopping)
+
+
+def _counted(on_episode: Callable[[Episode], None], progress: RolloutProgress) -> Callable[[Episode], None]:
+    def record(ep: Episode) -> None:
+        on_episode(ep)
+        progress.episode_done()  # after the episode is recorded: a failed write is not "done"
+    return record
 
 
 def _close_all(envs: list[Environment], quiet: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any, Callable
 
 from .base import Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
@@ -16,28 +17,19 @@ def register(name: str):
     return deco
 
 
-@register("twx")
-def _twx(**cfg: Any) -> Environment:
-    from .textworld_express import TextWorldExpressEnv
-    return TextWorldExpressEnv(**cfg)
+# the adapters, imported on first use (each pulls in its simulator's package): env.name -> module, class
+_ADAPTERS = {"twx": ("textworld_express", "TextWorldExpressEnv"), "sciworld": ("scienceworld", "ScienceWorldEnv"),
+             "alfworld": ("alfworld", "ALFWorldEnv"), "webshop": ("webshop", "WebShopEnv")}
 
 
-@register("sciworld")
-def _sciworld(**cfg: Any) -> Environment:
-    from .scienceworld import ScienceWorldEnv
-    return ScienceWorldEnv(**cfg)
+def _lazy(module: str, cls: str) -> Callable[..., Environment]:
+    def factory(**cfg: Any) -> Environment:
+        return getattr(import_module(f".{module}", __name__), cls)(**cfg)
+    return factory
 
 
-@register("alfworld")
-def _alfworld(**cfg: Any) -> Environment:
-    from .alfworld import ALFWorldEnv
-    return ALFWorldEnv(**cfg)
-
-
-@register("webshop")
-def _webshop(**cfg: Any) -> Environment:
-    from .webshop import WebShopEnv
-    return WebShopEnv(**cfg)
+for _name, (_module, _cls) in _ADAPTERS.items():
+    register(_name)(_lazy(_module, _cls))
 
 
 def make_env(cfg: dict[str, Any]) -> Environment:

@@ -40,6 +40,7 @@ from ..envs import Task, make_env
 from ..envs.faults import fault_mark, fault_summary, new_play
 from ..evaluation import evaluate
 from ..model.load import is_local, load_model, load_tokenizer
+from ..progress import RolloutProgress
 from ..prompting import PromptConfig
 from ..records import Episode, PolicyRef
 from ..rollout import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
@@ -196,9 +197,11 @@ class Rollouts:
             else:
                 mark = fault_mark()
                 new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
-                with console.status(f"[{name}] {len(todo)} episodes, {rcfg.batch_size} in parallel"):
+                with RolloutProgress(_label(name), total=len(work), done=len(work) - len(todo),
+                                     console=console) as bar:
                     run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
-                                 on_episode=lambda ep: (append_episodes(file, [ep]), faultpoints.hit(name)))
+                                 on_episode=lambda ep: (append_episodes(file, [ep]), faultpoints.hit(name)),
+                                 progress=bar)
                 faults = fault_summary(mark)
             fold_shards(file, keys)  # the ranks' episodes (data-parallel) into the stage's file
             episodes = read_episodes(file)
@@ -252,15 +255,26 @@ class Rollouts:
         mark = fault_mark()
         if todo:
             rcfg = self.rollout_config()
-            Console(markup=False).print(f"[{name}] rank {r} of {plan['world_size']}: playing {len(todo)} of "
-                                        f"{plan['todo']} episodes, {rcfg.batch_size} in parallel")
+            console = Console(markup=False)
+            console.print(f"[{name}] rank {r} of {plan['world_size']}: playing {len(todo)} of "
+                          f"{plan['todo']} episodes, {rcfg.batch_size} in parallel")
             new_play()  # fault attempt counts start afresh for this share (every item of a task is here)
-            run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
-                         on_episode=lambda ep: (append_episodes(shard, [ep]), faultpoints.hit(name)))
+            # the main process draws its share's bar; one live bar per terminal (the ranks share it)
+            share = len(plan["shards"][r])
+            with RolloutProgress(f"{_label(name)} (rank {r} of {plan['world_size']})", total=share,
+                                 done=share - len(todo), console=console, draw=is_main()) as bar:
+                run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
+                             on_episode=lambda ep: (append_episodes(shard, [ep]), faultpoints.hit(name)),
+                             progress=bar)
         done = {"plan": plan["id"], "rank": r, "played": len(todo), "faults": fault_summary(mark),
                 "seconds": round(time.time() - t0, 2)}
         write_json(shard.with_suffix(".done"), done)
         return done
+
+
+def _label(name: str) -> str:
+    """A stage's progress bar label: ``eval/bc/seen`` -> ``eval bc seen``."""
+    return name.replace("/", " ")
 
 
 # -- data-parallel play: the plan, the shards and their markers ------------------------------------
