@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 # with configs/accelerate/$(ACCEL).yaml (fsdp or deepspeed_zero3); 1 runs plain python.
 N_GPUS  ?= 1
 ACCEL   ?= fsdp
-TRAIN   = $(if $(filter-out 1,$(N_GPUS)),$(PY) -m accelerate.commands.launch --config_file configs/accelerate/$(ACCEL).yaml --num_processes $(N_GPUS),$(PY))
+TRAIN   = $(if $(filter-out 1,$(N_GPUS)),$(PY) -m accelerate.commands.launch --config_file configs/accelerate/$(ACCEL).yaml --num_processes $(N_GPUS) -m eto_train.cli,$(PY) -m eto_train.cli)
 # make demo's own settings (ARGS come after them and win): BC from the shipped pretrained base
 # (model=twx_base) on 100 expert demonstrations per game at lr 1e-3, the setting docs/pretrained_base.md
 # measured; two ETO iterations (the paper's gains came in iterations 1-2; make eto keeps 3); the
@@ -23,51 +23,51 @@ help:
 
 setup: .venv/.installed ## create .venv: torch first (a CUDA torch already there is kept), then the package
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml constraints.txt
 	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,alfworld]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,alfworld]"
 	touch $@
 
 experts: setup ## expert (gold-path) trajectories of the training tasks
-	$(PY) scripts/experts.py $(ARGS)
+	$(PY) -m eto_train.cli experts $(ARGS)
 
 model: experts ## build the offline tiny base model (tokenizer + small Llama), no download
-	$(PY) scripts/build_model.py $(ARGS)
+	$(PY) -m eto_train.cli model $(ARGS)
 
 pretrain: setup ## pretrain a small causal LM on text-game transcripts (configs/pretrain; base in runs/<run>/pretrain/model)
-	$(PY) scripts/pretrain.py $(ARGS)
+	$(PY) -m eto_train.cli pretrain $(ARGS)
 
 bc: model ## behavior cloning (SFT on expert actions only)
-	$(TRAIN) scripts/bc.py $(ARGS)
+	$(TRAIN) bc $(ARGS)
 
 eval: setup ## evaluate a policy (default: the bc model) on held-out seen/unseen seeds
-	$(PY) scripts/evaluate.py $(ARGS)
+	$(PY) -m eto_train.cli eval $(ARGS)
 
 eto-iter: setup ## one ETO iteration (explore -> pairs -> dpo -> eval on dev) from the latest policy
-	$(TRAIN) scripts/eto_iter.py $(ARGS)
+	$(TRAIN) eto-iter $(ARGS)
 
 eto: setup ## bc if needed, then ETO iterations up to eto.iterations with early stopping; best policy on test
-	$(TRAIN) scripts/eto.py $(ARGS)
+	$(TRAIN) eto $(ARGS)
 
 reading: setup ## does each policy read its observation? first mapreader move / twc take vs chance (reading.policies)
-	$(PY) scripts/reading.py $(ARGS)
+	$(PY) -m eto_train.cli reading $(ARGS)
 
 compare-contrast: setup ## trajectory / step / mixture DPO and an SFT control from one BC checkpoint, paired vs BC
-	$(PY) scripts/compare.py $(ARGS)
+	$(PY) -m eto_train.cli compare $(ARGS)
 
 demo: setup ## the main job on the CPU default: bc -> ETO iterations -> compare -> runs/demo/report.md
-	$(PY) scripts/demo.py run_name=demo $(DEMO_ARGS) $(ARGS)
+	$(PY) -m eto_train.cli demo run_name=demo $(DEMO_ARGS) $(ARGS)
 
 sweep-table: setup ## gather a sweep's results into one table (ARGS="run_name=<sweep>")
 	$(PY) scripts/sweep_table.py $(ARGS)
 
 export: setup ## export episodes as training data, fields dropped/redacted (configs: export)
-	$(PY) scripts/export_data.py $(ARGS)
+	$(PY) -m eto_train.cli export $(ARGS)
 
-report: setup ## rebuild a finished demo's report.md (ARGS="run_name=...")
-	$(PY) scripts/report.py $(ARGS)
+report: setup ## rebuild a finished demo's report.md (the demo's settings; another run: ARGS="run_name=... <its overrides>")
+	$(PY) -m eto_train.cli report run_name=demo $(DEMO_ARGS) $(ARGS)
 
 test: setup ## the test suite (tiny models, seconds each; two workers, one per core, a module per worker)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 tests --ignore=tests/test_rehearsal_families.py

@@ -13,7 +13,7 @@
 5. Environment steps/s of one process at a GPU batch size (256 environments stepped round
    robin, gold actions), TextWorldExpress and ScienceWorld, against what a GPU generate call
    of that batch leaves them (needs no policy; alone: ``bench.only=envsteps``).
-6. Data-parallel rollouts: scripts/evaluate.py on the same policy and episodes as one process
+6. Data-parallel rollouts: `eto-train eval` on the same policy and episodes as one process
    and under ``torch.distributed.run`` (alone: ``bench.only=data_parallel``).
 
     python scripts/bench.py [bench.episodes=32 bench.repeats=3 bench.only=envsteps ...]
@@ -291,7 +291,7 @@ def _envsteps_rows(t, es) -> None:
                       f"{x['share_of_generate_call']:.0%}; {x['ms_per_reset']:.1f} ms")
 
 
-# -- 6. data-parallel rollouts: evaluate.py as 1 and N processes ---------------------------------
+# -- 6. data-parallel rollouts: eto-train eval as 1 and N processes -------------------------------
 def _forwarded_overrides() -> list[str]:
     """The bench's command-line overrides that shape episodes (env, prompt, model, eval, seed...),
     for the evaluations it starts; not its own, the paths, the run name or the thread counts."""
@@ -322,13 +322,13 @@ def _data_parallel(cfg) -> dict:
                         f"eval.splits=[{d.split}]", "runtime.rollout_threads=1", "runtime.train_threads=1",
                         "wandb.enabled=false", *_forwarded_overrides(), *d.overrides]
                 t0 = time.perf_counter()
-                proc = subprocess.run([*launch[n], str(ROOT / "scripts" / "evaluate.py"), *args], cwd=ROOT, env=env,
+                proc = subprocess.run([*launch[n], "-m", "eto_train.cli", "eval", *args], cwd=ROOT, env=env,
                                       capture_output=True, text=True, timeout=d.timeout_s)
                 wall = time.perf_counter() - t0
                 logs.mkdir(parents=True, exist_ok=True)
                 (logs / f"{name}.log").write_text(proc.stdout + proc.stderr)
                 if proc.returncode:
-                    raise RuntimeError(f"bench.data_parallel: evaluate.py as {n} process(es) failed "
+                    raise RuntimeError(f"bench.data_parallel: eto-train eval as {n} process(es) failed "
                                        f"(exit {proc.returncode}; {logs / name}.log):\n{(proc.stdout + proc.stderr)[-3000:]}")
                 stage = Path(tmp) / name / "eval" / "bench" / d.split
                 runs[n].append({"stage_seconds": manifest_seconds(stage), "process_seconds": wall,
@@ -346,7 +346,7 @@ def _data_parallel(cfg) -> dict:
 
 def _dp_rows(t, dp) -> None:
     n, s = dp["processes"], dp["stage_seconds"]
-    t.add_row(f"evaluate.py on {dp['split']} ({dp['episodes']} episodes), rollout stage, 1 process (median)",
+    t.add_row(f"eto-train eval on {dp['split']} ({dp['episodes']} episodes), rollout stage, 1 process (median)",
               f"{statistics.median(s[1]):.1f} s")
     t.add_row(f"  {n} processes, torch.distributed.run (median)", f"{statistics.median(s[n]):.1f} s")
     t.add_row(f"  speedup 1 process / {n} processes (target >= 1.7x); whole commands",

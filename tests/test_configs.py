@@ -1,6 +1,6 @@
 """The paper's configs and the GPU path's knobs, checked on the CPU.
 
-Every ``configs/experiment/*.yaml`` must compose and resolve as ``scripts/*.py experiment=X``
+Every ``configs/experiment/*.yaml`` must compose and resolve as ``eto-train <stage> experiment=X``
 composes it; the hardware profiles, the 4-bit knob, the merged-checkpoint saving, the
 accelerate files and the Makefile's launcher are checked for what they produce.
 """
@@ -103,8 +103,8 @@ def test_command_line_wins_over_the_experiment(searchpath):
 
 
 def test_cfg_job_from_the_command_line(searchpath):
-    """What a user types: the stage script prints the resolved job config."""
-    proc = subprocess.run([sys.executable, "scripts/bc.py", "experiment=alfworld_llama2_7b", *searchpath,
+    """What a user types: the stage prints the resolved job config."""
+    proc = subprocess.run([sys.executable, "-m", "eto_train.cli", "bc", "experiment=alfworld_llama2_7b", *searchpath,
                            "--cfg", "job", "--resolve"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = OmegaConf.create(proc.stdout)
@@ -242,17 +242,17 @@ def test_accelerate_configs_load_as_accelerate_reads_them():
     assert ds.deepspeed_config["zero3_save_16bit_model"] is True
 
 
-@pytest.mark.parametrize("target,script", [("bc", "bc.py"), ("eto-iter", "eto_iter.py"), ("eto", "eto.py")])
-def test_makefile_launches_through_accelerate_above_one_gpu(target, script):
+@pytest.mark.parametrize("target", ["bc", "eto-iter", "eto"])
+def test_makefile_launches_through_accelerate_above_one_gpu(target):
     def recipe(*args):
         proc = subprocess.run(["make", "-n", target, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
-        return [line for line in proc.stdout.splitlines() if f"scripts/{script}" in line][-1]
+        return [line for line in proc.stdout.splitlines() if f"eto_train.cli {target} " in line][-1]
 
     one = recipe('ARGS=experiment=x')
-    assert one.split()[:2] == [".venv/bin/python", f"scripts/{script}"] and "accelerate" not in one
+    assert one.split()[:4] == [".venv/bin/python", "-m", "eto_train.cli", target] and "accelerate" not in one
     four = recipe("N_GPUS=4", "ACCEL=deepspeed_zero3", 'ARGS=experiment=x')
     assert "accelerate" in four and "launch" in four and "--num_processes 4" in four
     assert "--config_file configs/accelerate/deepspeed_zero3.yaml" in four and four.endswith(
-        f"scripts/{script} experiment=x")
+        f"-m eto_train.cli {target} experiment=x")
     assert "configs/accelerate/fsdp.yaml" in recipe("N_GPUS=2")

@@ -91,7 +91,7 @@ def test_export_never_writes_over_its_input_and_names_bad_lines(tmp_path, store)
 
 def test_export_script_uses_the_config_block(tmp_path, store):
     out = tmp_path / "cli.jsonl"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_data.py"), f"export.inputs=[{store}]",
+    proc = subprocess.run([sys.executable, "-m", "eto_train.cli", "export", f"export.inputs=[{store}]",
                            f"export.output={out}", "export.format=messages", "export.drop_fields=[reward]",
                            f"hydra.run.dir={tmp_path / 'hydra'}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

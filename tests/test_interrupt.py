@@ -42,7 +42,7 @@ LINE = re.compile(r"interrupted: (\d+) of (\d+) episodes of eval/bc/seen kept in
 def _evaluate(runs: Path, policy: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ETO_TRAIN_KILL_AT", None)
-    cmd = [sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"paths.runs={runs}", f"eval.policy={policy}", *EVAL]
+    cmd = [sys.executable, "-m", "eto_train.cli", "eval", f"paths.runs={runs}", f"eval.policy={policy}", *EVAL]
     with open(log, "w") as out:  # a file, not a pipe: stdout and stderr in the order written
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -20,10 +20,10 @@ import pytest
 from test_pipeline import ROOT, TOY
 
 
-def _run(runs: Path, script: str, procs: int, *extra: str, name: str = "mp", ok: bool = True, env=None):
+def _run(runs: Path, stage: str, procs: int, *extra: str, name: str = "mp", ok: bool = True, env=None):
     launcher = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                   "--nproc_per_node", str(procs)]
-    cmd = [*launcher, str(ROOT / "scripts" / script), f"paths.runs={runs}", f"run_name={name}", *TOY,
+    cmd = [*launcher, "-m", "eto_train.cli", stage, f"paths.runs={runs}", f"run_name={name}", *TOY,
            "bc.batch_size=2", "+bc.effective_batch=8", "+eto.dpo.effective_batch=4", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
@@ -47,9 +47,9 @@ def _played(stage: Path) -> dict:
 
 
 def test_bc_and_an_eto_iteration_on_two_processes(tmp_path):
-    _run(tmp_path, "experts.py", 1)
-    _run(tmp_path, "build_model.py", 1)
-    _run(tmp_path, "bc.py", 2)
+    _run(tmp_path, "experts", 1)
+    _run(tmp_path, "model", 1)
+    _run(tmp_path, "bc", 2)
     run = tmp_path / "mp"
     bc = json.loads((run / "bc" / "manifest.json").read_text())
     # 8 trajectories, effective batch 8 = 2 per process x 2 processes x accumulation 2: one step per epoch
@@ -60,11 +60,11 @@ def test_bc_and_an_eto_iteration_on_two_processes(tmp_path):
     # the iteration is killed in its exploration, after each process's second episode (ETO_TRAIN_KILL_AT
     # reaches both; torchrun stops the other one), then run again: it resumes from the shards
     it = run / "eto" / "iter1"
-    killed = _run(tmp_path, "eto_iter.py", 2, ok=False, env={"ETO_TRAIN_KILL_AT": "explore/iter1:2"})
+    killed = _run(tmp_path, "eto-iter", 2, ok=False, env={"ETO_TRAIN_KILL_AT": "explore/iter1:2"})
     assert killed.returncode != 0 and json.loads((it / "explore" / "manifest.json").read_text())["status"] == "running"
     assert "[explore/iter1] rank 1 of 2: playing 3 of 6 episodes" in killed.stdout  # dealt task by task
     assert list((it / "explore" / "shards").glob("rank*.jsonl"))
-    proc = _run(tmp_path, "eto_iter.py", 2)
+    proc = _run(tmp_path, "eto-iter", 2)
     assert re.search(r"\[explore/iter1\]resuming:\d+episodesalreadyrecorded,\d+togo\(\d+ofthemfromtheshards",
                      "".join(proc.stdout.split())), proc.stdout[-3000:]
     explored = (it / "explore" / "episodes.jsonl").read_text().splitlines()
@@ -80,7 +80,7 @@ def test_bc_and_an_eto_iteration_on_two_processes(tmp_path):
 
     # one process, BC on the training tasks (greedy, as the exploration): the same episodes, in the same
     # order, as the two processes' merged (and resumed) exploration
-    _run(tmp_path, "evaluate.py", 1, "eval.splits=[train]", f"eval.policy={run / 'bc' / 'model'}", name="one")
+    _run(tmp_path, "eval", 1, "eval.splits=[train]", f"eval.policy={run / 'bc' / 'model'}", name="one")
     one = _episodes(tmp_path / "one" / "eval" / "bc" / "train" / "episodes.jsonl", tmp_path)
     two = _episodes(it / "explore" / "episodes.jsonl", tmp_path)
     assert [e for e in one if e["episode_id"] in {e["episode_id"] for e in two}] == two and len(one) == 8

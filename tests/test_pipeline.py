@@ -1,4 +1,4 @@
-"""End to end at toy scale: the stage scripts as a user runs them.
+"""End to end at toy scale: the stages as a user runs them (`eto-train <stage>`).
 
 experts -> model -> bc -> eval -> one eto-iter, then the demo (the ETO loop, which reuses all of
 that, compare and the report) and a two-job Hydra sweep gathered into one table.
@@ -28,8 +28,8 @@ TOY = [
 ]
 
 
-def run_stage(script: str, runs: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "scripts" / script), f"paths.runs={runs}", "run_name=toy", *TOY, *extra]
+def run_stage(stage: str, runs: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "eto_train.cli", stage, f"paths.runs={runs}", "run_name=toy", *TOY, *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -41,9 +41,9 @@ def _ok(proc):
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    for script in ("experts.py", "build_model.py", "bc.py", "evaluate.py", "eto_iter.py"):
-        _ok(run_stage(script, runs))
-    _ok(run_stage("demo.py", runs, "eto.iterations=1"))
+    for stage in ("experts", "model", "bc", "eval", "eto-iter"):
+        _ok(run_stage(stage, runs))
+    _ok(run_stage("demo", runs, "eto.iterations=1"))
     return runs / "toy"
 
 
@@ -82,7 +82,7 @@ def test_one_eto_iteration_explores_pairs_trains_and_evaluates(toy_run):
     summary = json.loads((it / "summary.json").read_text())
     assert summary["dev"]["episodes"] == 2 and summary["policy"].endswith("iter1/dpo/model")
     # the next `make eto-iter` starts from this iteration's policy
-    proc = _ok(run_stage("eto_iter.py", toy_run.parent, "eto.iterations=1"))
+    proc = _ok(run_stage("eto-iter", toy_run.parent, "eto.iterations=1"))
     assert "cap eto.iterations=1 is reached" in proc.stdout
 
 
@@ -113,14 +113,14 @@ def test_compare_trains_every_variant_and_the_control_from_bc_and_pairs_them(toy
 
 def test_rerun_with_same_config_does_nothing(toy_run):
     before = (toy_run / "bc" / "manifest.json").read_text()
-    proc = _ok(run_stage("bc.py", toy_run.parent))
+    proc = _ok(run_stage("bc", toy_run.parent))
     assert "up to date" in proc.stdout
     assert (toy_run / "bc" / "manifest.json").read_text() == before
 
 
 def test_adding_a_held_out_split_replays_no_evaluation(toy_run):
     before = (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text()
-    proc = _ok(run_stage("evaluate.py", toy_run.parent, "+env.splits.extra={fold:test,start:0,count:1}",
+    proc = _ok(run_stage("eval", toy_run.parent, "+env.splits.extra={fold:test,start:0,count:1}",
                          "eval.splits=[seen,extra]", "eval.tag=bc"))
     assert "[eval/bc/seen] up to date" in proc.stdout
     assert (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text() == before
@@ -130,7 +130,7 @@ def test_adding_a_held_out_split_replays_no_evaluation(toy_run):
 
 def test_reading_tests_first_moves_and_takes_on_the_evaluations_episodes(toy_run):
     before = (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text()
-    proc = _ok(run_stage("reading.py", toy_run.parent, "reading.split=seen", "reading.permutations=50"))
+    proc = _ok(run_stage("reading", toy_run.parent, "reading.split=seen", "reading.permutations=50"))
     assert "[eval/bc/seen] up to date" in proc.stdout and "mapreader first move" in proc.stdout
     assert (toy_run / "eval" / "bc" / "seen" / "manifest.json").read_text() == before  # played once, reused
     res = json.loads((toy_run / "reading" / "seen.json").read_text())["policies"]["bc"]
@@ -141,24 +141,24 @@ def test_reading_tests_first_moves_and_takes_on_the_evaluations_episodes(toy_run
         assert res[key]["n"] == len(firsts) == 2 and sum(res[key]["choices"].values()) == 2
         assert res[key]["choices"] == {c: firsts.count(c) for c in firsts}
         assert 0 <= res[key]["hits"] <= 2 and 0 < res[key]["p"] <= 1
-    bad = run_stage("reading.py", toy_run.parent, "reading.permutations=0", "reading.policies=null")
+    bad = run_stage("reading", toy_run.parent, "reading.permutations=0", "reading.policies=null")
     assert bad.returncode != 0 and "reading.permutations=0" in bad.stderr and "reading.policies=null" in bad.stderr
 
 
 def test_a_control_matched_to_an_absent_variant_is_a_clear_error(toy_run):
-    proc = run_stage("compare.py", toy_run.parent, "compare.variants=[step]", "compare.control_of=trajectory")
+    proc = run_stage("compare", toy_run.parent, "compare.variants=[step]", "compare.control_of=trajectory")
     assert proc.returncode != 0
     assert "compare.control_of='trajectory' is not one of compare.variants=['step']" in proc.stderr
 
 
 def test_unknown_config_key_is_a_clear_error(toy_run):
-    proc = run_stage("bc.py", toy_run.parent, "bc.learning_rat=0.1")
+    proc = run_stage("bc", toy_run.parent, "bc.learning_rat=0.1")
     assert proc.returncode != 0
     assert "learning_rat" in proc.stderr and "not in struct" in proc.stderr
 
 
 def test_missing_checkpoint_is_a_clear_error(toy_run):
-    proc = run_stage("evaluate.py", toy_run.parent, f"eval.policy={toy_run}/nowhere/model")
+    proc = run_stage("eval", toy_run.parent, f"eval.policy={toy_run}/nowhere/model")
     assert proc.returncode != 0
     assert f"{toy_run}/nowhere/model: checkpoint folder not found" in proc.stderr
 
@@ -187,7 +187,7 @@ def test_demo_report_has_iterations_variants_control_configs_and_versions(toy_ru
 
 def test_multirun_sweep_gives_each_job_its_folder_and_one_table(toy_run):
     runs = toy_run.parent
-    cmd = [sys.executable, str(ROOT / "scripts" / "eto.py"), "-m", f"paths.runs={runs}", "run_name=toysweep",
+    cmd = [sys.executable, "-m", "eto_train.cli", "eto", "-m", f"paths.runs={runs}", "run_name=toysweep",
            *TOY, "eto.iterations=1", "eto.dpo.beta=0.1,0.5"]
     proc = _ok(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300))
     sweep = runs / "toysweep"

@@ -1,7 +1,7 @@
 """`make pretrain` at toy size: seeds, transcripts, probes, the stage end to end, kill and resume.
 
 The toy stage: two settings (the CPU default's mapreader and twc), a 1.1M-parameter Llama and
-4 optimizer steps of 2 x 128 tokens. A run of scripts/pretrain.py SIGKILLed after step 3
+4 optimizer steps of 2 x 128 tokens. A run of `eto-train pretrain` SIGKILLed after step 3
 (``ETO_TRAIN_KILL_AT=pretrain:3``; its last checkpoint is step 2's) starts in the background
 when the module starts; the uninterrupted run is the stage called in this process. The killed
 command is then run again and must end with the same weights and the same probe history.
@@ -247,7 +247,7 @@ def test_lm_scorer_equals_a_full_forward_per_candidate():
 # -- the stage ---------------------------------------------------------------------------------
 
 class Run:
-    """scripts/pretrain.py in the background; output to a file (a killed process holds no pipe)."""
+    """`eto-train pretrain` in the background; output to a file (a killed process holds no pipe)."""
 
     def __init__(self, runs: Path, log: Path, kill_at: str | None = None):
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -256,7 +256,7 @@ class Run:
             env["ETO_TRAIN_KILL_AT"] = kill_at
         self.dir, self.log = runs / "toy" / "pretrain", log
         with open(log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "pretrain.py"), f"paths.runs={runs}", *TOY],
+            self.proc = subprocess.Popen([sys.executable, "-m", "eto_train.cli", "pretrain", f"paths.runs={runs}", *TOY],
                                          cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float = 300) -> tuple[int, str]:
@@ -289,7 +289,7 @@ def whole(tmp_path_factory):
     from eto_train.stages import pretrain
 
     runs = tmp_path_factory.mktemp("whole")
-    pretrain.run(compose([f"paths.runs={runs}", *TOY]), command="python scripts/pretrain.py <toy overrides>")
+    pretrain.run(compose([f"paths.runs={runs}", *TOY]), command="eto-train pretrain <toy overrides>")
     return runs / "toy" / "pretrain"
 
 
@@ -326,7 +326,7 @@ def test_pretrain_stage_writes_a_loadable_base_with_card_and_probes(whole):
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     assert model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] == ids.shape[1] + 2
     card = (model_dir / "MODEL_CARD.md").read_text()
-    for needle in ("python scripts/pretrain.py <toy overrides>", "| detour |", "| gold |", "| random |", "optimizer steps",
+    for needle in ("eto-train pretrain <toy overrides>", "| detour |", "| gold |", "| random |", "optimizer steps",
                    "![loss curve](loss.png)", "Reading probes", "| 4 | 1,024 |", "mapreader", "tokens/s"):
         assert needle in card, needle
     assert (model_dir / "loss.png").stat().st_size > 1000

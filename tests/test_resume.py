@@ -41,7 +41,7 @@ class Demo:
         env.pop("ETO_TRAIN_KILL_AT", None)
         if kill_at:
             env["ETO_TRAIN_KILL_AT"] = kill_at
-        cmd = [sys.executable, str(ROOT / "scripts" / "demo.py"), f"paths.runs={runs}", "run_name=toy", *DEMO]
+        cmd = [sys.executable, "-m", "eto_train.cli", "demo", f"paths.runs={runs}", "run_name=toy", *DEMO]
         self.run_dir, self.log = runs / "toy", log
         with open(log, "w") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -130,7 +130,7 @@ def test_sigkill_inside_bc_eval_explore_dpo_then_rerun_equals_uninterrupted_run(
         ("bc:3", "[bc] resuming from the last checkpoint {run}/bc/checkpoints/checkpoint-2"),  # killed after step 3
         ("eval/bc/seen:2", "[eval/bc/seen] resuming: 2 episodes already recorded, 2 to go"),
         ("explore/iter1:3", "[explore/iter1] resuming: 3 episodes already recorded, 3 to go"),
-        ("dpo/iter1:2", "[dpo] resuming from the last checkpoint {run}/eto/iter1/dpo/checkpoints/checkpoint-1"),
+        ("dpo/iter1:2", "[dpo/iter1] resuming from the last checkpoint {run}/eto/iter1/dpo/checkpoints/checkpoint-1"),
     ]
     # the same command again after each kill; it carries the next kill point, later in the pipeline
     outputs = []

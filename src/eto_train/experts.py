@@ -59,7 +59,7 @@ def read_experts(path) -> list[Episode]:
     from .store import read_episodes
 
     path = Path(path)
-    writer = "the experts stage writes it: run `make experts` (scripts/experts.py) with this run's overrides"
+    writer = "the experts stage writes it: run `make experts` (`eto-train experts`) with this run's overrides"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no experts file; {writer}")
     episodes = read_episodes(path)

@@ -33,11 +33,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from . import tracking
 from .distributed import is_main
-from .store import umask_modes, write_json
+from .store import identity_sha256, is_identity_file, sha256_files, umask_modes, write_json
 
-PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers",
-            "textworld-express", "scienceworld", "hydra-core", "eto-train")
+# Every package that can shape a result (training, generation, the environments, the numbers);
+# one that is absent is recorded as "not installed".
+PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers", "safetensors",
+            "numpy", "vllm", "bitsandbytes", "deepspeed", "wandb", "textworld-express", "scienceworld",
+            "alfworld", "textworld", "hydra-core", "eto-train")
 
 
 def to_plain(cfg) -> Any:
@@ -103,27 +107,18 @@ def setup_runtime(threads: int) -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def setup_wandb(wandb_cfg: dict[str, Any], run_dir: Path) -> str:
-    """wandb offline by default; returns the Trainer's ``report_to`` value."""
-    if not wandb_cfg.get("enabled", True):
-        return "none"
-    os.environ["WANDB_MODE"] = str(wandb_cfg.get("mode", "offline"))
-    os.environ.setdefault("WANDB_PROJECT", str(wandb_cfg.get("project", "eto-train")))
-    os.environ.setdefault("WANDB_DIR", str(run_dir))
-    os.environ.setdefault("WANDB_SILENT", "true")
-    return "wandb"
+def file_sha256(path: str | os.PathLike, full: bool = False) -> str:
+    """SHA-256 of a file (its name, then its bytes) or of a folder (each file under it, sorted: its
+    relative path, then its bytes; the identity sidecar excepted).
 
-
-def file_sha256(path: str | os.PathLike) -> str:
+    A folder's hash is kept in its ``.identity.json`` and answered from there while every file's
+    size and mtime_ns match and none was added or removed (a stat per file, no content read);
+    ``full=True`` or ETO_TRAIN_FULL_HASH=1 re-hashes every byte (see :func:`store.identity_sha256`)."""
     p = Path(path)
-    h = hashlib.sha256()
-    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-    for f in files:
-        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    if not p.is_dir():
+        return sha256_files(p.parent, [p])
+    files = sorted(f for f in p.rglob("*") if f.is_file() and not is_identity_file(f.name))
+    return identity_sha256(p, "file_sha256", files, full=full)
 
 
 def versions() -> dict[str, str]:
@@ -316,6 +311,7 @@ class Stage:
         self.work = self.dir
         self.started = time.time()
         self._locked = False
+        self._tracked = False  # this stage's wandb run is open (tracking.start in begin)
 
     def _input_hashes(self) -> dict[str, str]:
         out = {}
@@ -370,6 +366,9 @@ class Stage:
                     "config_hash": config_hash(self.config), "inputs": self.inputs,
                     "input_hashes": self.input_hashes, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         main = is_main()  # the other processes of `accelerate launch` read, they never write the manifest
+        if main and not self._tracked:
+            tracking.start(self.name, self.config, self.dir)  # this stage's wandb run (when tracking)
+            self._tracked = True
         if self.work != self.dir:  # a finished result stays in place until this run is whole
             old = _read_manifest(self.work / "manifest.json")
             resumable = bool(old) and old.get("status") == "running" and self._same(old)
@@ -400,6 +399,11 @@ class Stage:
             self.work = self.dir
         else:
             write_json(self.manifest_path, manifest)
+        if is_main():
+            if not self._tracked:  # a stage that wrote without begin() (e.g. `model`)
+                tracking.start(self.name, self.config, self.dir)
+            tracking.finish(metrics)  # the metrics into the stage's wandb run, which ends here
+            self._tracked = False
         self.release()
 
     def adopt(self, src: str | os.PathLike, names: list[str]) -> None:
@@ -417,8 +421,25 @@ class Stage:
         self.work = self.dir
         self.release()
 
+    def reuse(self, cache: str | os.PathLike, names: list[str]) -> bool:
+        """When ``cache`` holds a finished copy of this very stage (same config and inputs, by
+        content: e.g. another job of a sweep trained it), make it this stage's result
+        (:meth:`adopt`) and return True. Call after :meth:`done` said there is work."""
+        if not Stage(self.name, cache, self.config, self.inputs).done(lock=False):
+            return False
+        print(f"[{self.name}] the same work already ran: reusing {cache}")
+        self.adopt(cache, names)
+        return True
+
+    def publish(self, cache: str | os.PathLike, names: list[str]) -> None:
+        """Copy this finished stage's outputs ``names`` and manifest to ``cache`` for :meth:`reuse`."""
+        copy_outputs(self.dir, Path(cache), names)
+
     def release(self) -> None:
         """Drop the stage's lock (idempotent; finish() and an up-to-date done() call it)."""
+        if self._tracked:  # a stage that began and did not finish: its wandb run failed
+            tracking.finish(exit_code=1)
+            self._tracked = False
         if self._locked:
             release_lock(self.dir)
             self._locked = False

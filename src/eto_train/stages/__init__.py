@@ -1,4 +1,5 @@
 """One module per pipeline stage, each with ``run(cfg)`` reading top to bottom like a recipe.
 
-``scripts/<stage>.py`` wraps each in a Hydra main; ``stages.eto`` chains them.
+``eto-train <stage>`` (:mod:`eto_train.cli`) runs each under Hydra; ``stages.eto`` and
+``stages.demo`` chain them.
 """

@@ -1,8 +1,8 @@
 """The ETO loop: explore -> pairs -> dpo -> eval on dev, iterated up to a cap.
 
-``run_iteration`` is one iteration from a given policy (`make eto-iter` continues from the
-latest finished one); ``run`` does behavior cloning if needed, then the iterations, and
-evaluates the resulting policy on the test splits (``eval.splits``).
+``run_iteration`` is one iteration from a given policy (``run_next_iteration``, `make eto-iter`,
+continues from the latest finished one); ``run`` does behavior cloning if needed, then the
+iterations, and evaluates the resulting policy on the test splits (``eval.splits``).
 
 Model selection never looks at a test split. With ``eto.early_stopping: true`` (the CPU
 default) the loop stops at the first iteration whose dev figure does not beat the best so far
@@ -25,6 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .. import tracking
+from ..distributed import is_main
 from ..envs import check_playable, make_env
 from ..evaluation import comparison
 from ..stage import to_plain
@@ -116,6 +118,20 @@ def latest_policy(cfg) -> tuple[int, str]:
     return k, (str(iteration_dir(cfg, k) / "dpo" / "model") if k else str(Path(cfg.paths.bc) / "model"))
 
 
+def run_next_iteration(cfg) -> dict[str, Any] | None:
+    """`eto-train eto-iter`: the iteration after the latest finished one, from its policy (BC's
+    before any); None, with a line saying so, once ``eto.iterations`` iterations are done."""
+    from ..model.load import CheckpointError
+
+    k, policy = latest_policy(cfg)
+    if k >= cfg.eto.iterations:
+        print(f"[eto-iter] {k} iterations done: the cap eto.iterations={cfg.eto.iterations} is reached")
+        return None
+    if not (Path(policy) / "config.json").exists():
+        raise CheckpointError(f"{policy}: no behavior-cloned policy yet (run `make bc` or `eto-train bc` first)")
+    return run_iteration(cfg, k + 1, policy)
+
+
 def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = None) -> dict[str, Any]:
     """One iteration from ``policy_path``; its policy is evaluated on the dev split, if one is set."""
     check_config(cfg)
@@ -201,6 +217,11 @@ def run(cfg) -> dict[str, Any]:
               "test": {s: r["overall"] for s, r in test.items()},
               "bc_test": {s: bc_res[s]["overall"] for s in test_splits}, "best_vs_bc": vs_bc}
     write_json(Path(cfg.paths.eto) / "result.json", result)
+    if is_main():  # the loop's summary: dev success per iteration, the kept policy on test, paired vs BC
+        tracking.record("eto", result["selection"], {
+            "best_iteration": best["iteration"], "test": result["test"], "bc_test": result["bc_test"],
+            "best_vs_bc": vs_bc, "pairs": {f"iter{h['iteration']}": h.get("pairs") for h in history},
+            "dev": {f"iter{h['iteration']}": h["dev"] for h in history if h["dev"] is not None}}, cfg.paths.eto)
     how = (f"selected by dev {metric}, best: iteration {best['iteration']}" if sel.early_stopping
            else f"no selection: the last iteration ({best['iteration']}) is the result")
     t = Table(title=f"ETO on {dev_split} ({how})" if dev_split else f"ETO without a dev split ({how})")

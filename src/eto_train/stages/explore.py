@@ -47,7 +47,7 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                         batch_key="eto.explore.batch_size")
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
     work = [WorkItem(t, s) for t in tasks for s in range(ex.samples)]
-    share = Path(cfg.paths.base) / "cache" / "explore"  # sweep jobs exploring the same policy share it
+    share = Path(cfg.paths.cache) / "explore"  # sweep jobs exploring the same policy share it
     episodes = rollouts.play(f"explore/iter{iteration}", out / "explore", work,
                              extra_config={"explore": to_plain(ex)}, share=share)
     continuations: list[Episode] = []

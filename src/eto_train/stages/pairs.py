@@ -11,6 +11,8 @@ from rich.console import Console
 from ..experts import read_experts, usable
 from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
 from ..records import NOT_POLICY_FAULT, Episode
+from .. import tracking
+from ..distributed import is_main
 from ..stage import to_plain
 from ..store import write_json, write_jsonl
 
@@ -62,6 +64,8 @@ def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episod
     stats["config"] = to_plain(cfg.eto.pairs)
     write_jsonl(out / "pairs" / "pairs.jsonl", (p.to_dict() for p in pairs))
     write_json(out / "pairs" / "stats.json", stats)
+    if is_main():
+        tracking.record(f"pairs/iter{iteration}", stats["config"], stats, out / "pairs")
     console.print(f"[pairs] iteration {iteration}: {stats['pairs']} pairs {stats['by_kind']} "
                   f"(agent lost {stats['agent_lost']}, won {stats['agent_won']}, no pair on {stats['no_pair']} of {stats['tasks']} tasks); "
                   f"rejected turns mean {stats['rejected_turns_mean']:.1f}")

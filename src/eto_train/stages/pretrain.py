@@ -24,7 +24,8 @@ from typing import Any
 
 from rich.console import Console
 
-from ..stage import Stage, setup_runtime, setup_wandb, to_plain
+from .. import tracking
+from ..stage import Stage, setup_runtime, to_plain
 from ..store import write_json
 from ..validate import check_config
 
@@ -216,7 +217,7 @@ def run(cfg, command: str | None = None) -> None:
     from transformers import Trainer, default_data_collator
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    args = training_args(str(work / "checkpoints"), train, cfg.seed, setup_wandb(to_plain(cfg.wandb), work))
+    args = training_args(str(work / "checkpoints"), train, cfg.seed, tracking.report_to())
     trainer = Trainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator)
     for default in (PrinterCallback, ProgressCallback):  # one progress line per log step instead (make_callbacks)
         trainer.remove_callback(default)
@@ -249,7 +250,7 @@ def run(cfg, command: str | None = None) -> None:
     tps = done_steps * tokens_per_step / max(1e-9, train_seconds - probe_seconds) if done_steps else 0.0
     data_summary = data_manifest["summary"]
     info = {
-        "name": Path(out).parent.name + "/pretrain", "command": command or "python scripts/pretrain.py",
+        "name": Path(out).parent.name + "/pretrain", "command": command or "eto-train pretrain",
         "parameters": n_params, "arch": arch, "vocab_size": vocab, "seq_len": seq_len, "data": data_summary,
         "settings": data_manifest["settings"], "seeds": data_manifest["config"]["seeds"],
         "tokens": {"train": tokens_manifest["metrics"]["train_tokens"], "heldout": tokens_manifest["metrics"]["heldout_tokens"]},

@@ -1,0 +1,24 @@
+"""Stage `export` (make export): training data with fields dropped and secrets redacted.
+
+    eto-train export export.inputs=[runs/demo/experts/train.jsonl] \\
+        export.output=runs/demo/export/train.jsonl export.drop_fields=[policy.path]
+
+The settings are the config's ``export`` block (configs/config.yaml); the report (counts,
+redactions) is printed as JSON and returned.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..dataio import ExportConfig, export_training_data
+from ..stage import to_plain
+
+
+def run(cfg) -> dict[str, Any]:
+    ex = to_plain(cfg.export)
+    inputs, output = ex.pop("inputs"), ex.pop("output")
+    report = export_training_data(list(inputs), output, ExportConfig(**ex))
+    print(json.dumps(report, indent=1))
+    return report

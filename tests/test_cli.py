@@ -1,0 +1,101 @@
+"""`eto-train <stage> [hydra overrides]`: the stage table, its errors, and a stage run through the
+console script the package installs (from another folder: the configs are found from the package)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_pipeline import ROOT, TOY
+
+STAGES = ["experts", "model", "pretrain", "bc", "eval", "eto-iter", "eto", "reading", "compare", "demo", "report",
+          "export"]
+
+
+def _cli(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eto_train.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_the_stage_table_names_every_stage_and_each_resolves_to_a_function():
+    from eto_train import cli
+
+    assert list(cli.STAGES) == STAGES
+    for name, entry in cli.STAGES.items():
+        assert callable(entry.function()), name
+        assert entry.help and "\n" not in entry.help
+    # report and export start over when rerun; export has no run folder of its own to isolate
+    assert [n for n, e in cli.STAGES.items() if not e.resume] == ["report", "export"]
+    assert [n for n, e in cli.STAGES.items() if not e.isolate] == ["export"]
+
+
+@pytest.mark.parametrize("args", [[], ["-h"], ["--help"]])
+def test_no_stage_or_help_lists_the_stages_one_line_each(args):
+    proc = _cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("usage: eto-train <stage>")
+    listed = [line.split()[0] for line in lines[lines.index("stages:") + 1:] if line.startswith("  ")]
+    assert listed == STAGES
+    assert str(ROOT / "configs") in proc.stdout  # where the configs come from
+
+
+def test_an_unknown_stage_exits_2_naming_it_and_the_valid_ones():
+    proc = _cli("trian", "run_name=x")
+    assert proc.returncode == 2 and proc.stdout == ""
+    first = proc.stderr.splitlines()[0]
+    assert "unknown stage 'trian'" in first and all(s in first for s in STAGES)
+
+
+def test_the_job_name_is_the_stage_and_a_multirun_keeps_its_overrides():
+    from eto_train.cli import with_job_name
+
+    proc = _cli("eto-iter", "run_name=x", "--cfg", "hydra")
+    assert proc.returncode == 0, proc.stderr
+    assert "  name: eto_iter\n" in proc.stdout  # the log folder: <run>/logs/<time>-eto_iter
+    assert with_job_name(["-m", "a=1", "b=1,2", "--cfg", "job"], "eto") == [
+        "-m", "hydra.job.name=eto", "a=1", "b=1,2", "--cfg", "job"]
+    assert with_job_name(["--cfg", "job"], "bc") == ["--cfg", "job", "hydra.job.name=bc"]
+    proc = _cli("bc", "--cfg", "hydra", "hydra.job.name=mine")  # the command line wins
+    assert proc.returncode == 0 and "  name: mine\n" in proc.stdout, proc.stderr
+
+
+def test_configs_from_the_environment_variable(tmp_path):
+    (tmp_path / "config.yaml").write_text("greeting: from ETO_TRAIN_CONFIGS\n")
+    proc = _cli("report", "--cfg", "job", env={"ETO_TRAIN_CONFIGS": str(tmp_path)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "greeting: from ETO_TRAIN_CONFIGS"
+
+
+def test_pretrain_gets_the_command_line_for_its_model_card(tmp_path):
+    code = ("import eto_train.stages.pretrain as p\n"
+            "p.run = lambda cfg, command=None: print('COMMAND:', command)\n"
+            "import sys\nfrom eto_train.cli import main\n"
+            f"sys.argv = ['eto-train', 'pretrain', 'paths.runs={tmp_path}', 'run_name=a b', 'wandb.enabled=false']\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"COMMAND: eto-train pretrain paths.runs={tmp_path} 'run_name=a b' wandb.enabled=false" in proc.stdout
+
+
+def test_a_stage_through_the_console_script_from_another_folder(tmp_path):
+    script = Path(sys.executable).parent / "eto-train"
+    assert script.exists(), f"{script}: no console script (reinstall: pip install -e .)"
+    runs, elsewhere = tmp_path / "runs", tmp_path / "cwd"
+    elsewhere.mkdir()
+    proc = subprocess.run([str(script), "experts", f"paths.runs={runs}", "run_name=toy", *TOY], cwd=elsewhere,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = runs / "toy"
+    experts = [json.loads(line) for line in (run / "experts" / "train.jsonl").read_text().splitlines()]
+    assert len(experts) == 4 * 2 and {e["game"] for e in experts} == {"mapreader", "twc"}
+    assert all(e["status"] == "success" for e in experts)  # gold paths
+    manifest = json.loads((run / "experts" / "manifest.json").read_text())
+    assert manifest["status"] == "done"
+    logs = [p.name for p in (run / "logs").iterdir()]
+    assert len(logs) == 1 and logs[0].endswith("-experts")  # Hydra's job name is the stage
+    assert not list(elsewhere.iterdir())  # nothing written where it was started
