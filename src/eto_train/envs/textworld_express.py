@@ -13,6 +13,7 @@ import atexit
 import json
 import logging
 import os
+from collections import deque
 from importlib.metadata import version as pkg_version
 from typing import Any
 
@@ -36,6 +37,11 @@ ACTION_FORMS: dict[str, list[str]] = {
 }
 
 FOLDS = ("train", "dev", "test")
+
+# The TextWorldExpress version whose game internals :meth:`TextWorldExpressEnv.twc_places` reads
+# (TWCGame.locations/scorer, FastObject.canonicalLocations/currentContainer/contents, Room.location*).
+TWC_INTERNALS_VERSION = "1.1.0"
+_DIRECTIONS = ("North", "South", "East", "West")
 
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs every gateway start at INFO
 
@@ -221,6 +227,80 @@ class TextWorldExpressEnv:
     def expert_actions(self, task: Task) -> list[str]:
         self.reset(task, gold=True)
         return [str(a) for a in self._call("getGoldActionSequence")]
+
+    def twc_places(self, task: Task) -> dict[str, list[str]]:
+        """Where each object of a TWC task may be put away: object -> the valid containers present
+        in the game, preferred first, read from the game itself (deterministic for a seed).
+
+        Valid containers are the object's ``canonicalLocations`` (the ones TextWorldExpress's scorer
+        accepts). Preference: the container's room nearest the object's start room (shortest
+        path over the room connections, doors ignored), then the game's own room order, then the
+        order the room lists its contents. Where TextWorldExpress's gold agent has a single choice
+        it makes the same one; where it has several at the same distance it picks one with an
+        unseeded random walk, so its gold path cannot be used for reproducible data.
+
+        Resets the game to ``task`` without a gold path (``reset(task)``: the game is rebuilt
+        from its seed, exactly as the next ``reset`` rebuilds it) and leaves it at the start.
+        The only place this adapter reads the Java game objects; they are those of
+        textworld-express==1.1.0: another version raises rather than falling back to anything.
+        """
+        if task.game != "twc":
+            raise ValueError(f"twc_places: {task.task_id} is a {task.game} task, not twc")
+        self.reset(task)
+        from py4j.protocol import Py4JNetworkError
+
+        try:
+            return self._twc_places()
+        except Py4JNetworkError as exc:
+            raise EnvironmentFailure(f"TextWorldExpress twc_places failed: {exc}") from exc
+        except ValueError:
+            raise
+        except Exception as exc:  # a missing accessor (py4j: "... does not exist"), another layout
+            raise RuntimeError(
+                f"twc_places reads TextWorldExpress's TWC game objects through py4j as "
+                f"textworld-express=={TWC_INTERNALS_VERSION} defines them; the installed "
+                f"textworld-express=={pkg_version('textworld-express')} does not provide them "
+                f"({type(exc).__name__}: {str(exc)[:300]}). Install textworld-express=="
+                f"{TWC_INTERNALS_VERSION} (constraints.txt) or port twc_places: pretraining data "
+                "must not fall back to TextWorldExpress's unseeded gold path.") from exc
+
+    def _twc_places(self) -> dict[str, list[str]]:
+        def seq(buf) -> list:  # a Scala ArrayBuffer through py4j
+            return [buf.apply(i) for i in range(buf.length())]
+
+        if self._game is None:
+            raise EnvironmentFailure("TextWorldExpress game used after close()")
+        game = self._game.game()
+        kind = str(game.getClass().getName())
+        if kind != "textworldexpress.games.TWCGame":
+            raise ValueError(f"twc_places: the loaded game is {kind}, not TWC")
+        rooms = list(game.locations())
+        names = [str(r.name()) for r in rooms]
+        contents = {n: [str(c.name()) for c in seq(r.contents())] for n, r in zip(names, rooms)}
+        adjacent: dict[str, list[str]] = {}
+        for n, r in zip(names, rooms):
+            near = (getattr(r, f"location{d}")() for d in _DIRECTIONS)
+            adjacent[n] = [str(x.name()) for x in near if x is not None and str(x.name()) in contents]
+        out: dict[str, list[str]] = {}
+        for obj in seq(game.scorer().taskObjects()):
+            name = str(obj.name())
+            valid = {str(c) for c in obj.canonicalLocations()}
+            where = obj.currentContainer()
+            while where is not None and str(where.name()) not in contents:  # up to its room
+                where = where.currentContainer()
+            if where is None:
+                raise ValueError(f"twc_places: {name!r} lies in no room of the game")
+            dist, todo = {str(where.name()): 0}, deque([str(where.name())])
+            while todo:  # rooms by distance from the object's start room
+                here = todo.popleft()
+                for n in adjacent[here]:
+                    if n not in dist:
+                        dist[n] = dist[here] + 1
+                        todo.append(n)
+            ranked = sorted((dist[n], i, j, c) for i, n in enumerate(names) if n in dist
+                            for j, c in enumerate(contents[n]) if c in valid and c != name)
+            out[name] = list(dict.fromkeys(c for *_, c in ranked))
+        return out
 
     def close(self) -> None:
         # The game object lives in the shared JVM; dropping our reference lets Java collect it.

@@ -39,7 +39,7 @@ def hit(point: str, count: int | None = None) -> None:
         return
     _hits[point] = _hits.get(point, 0) + 1 if count is None else count
     if _hits[point] >= target[1]:
-        print(f"[faultpoints] {ENV}={point}:{target[1]}: SIGKILL", flush=True)
+        print(f"[killpoints] {ENV}={point}:{target[1]}: SIGKILL", flush=True)
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -1,4 +1,4 @@
-"""What every stage script shares: thread setup, config plumbing, run folders and manifests.
+"""A stage's folder and manifest: skip, rerun aside, swap in whole (:class:`Stage`).
 
 A stage writes into its own folder with ``manifest.json``: the config sections it used (and
 their hash), its inputs' content hashes, library versions, thread counts, metrics and status.
@@ -8,7 +8,7 @@ Three rules keep what was written (see :class:`Stage`):
 
 - one writer per stage folder: a lock file beside it (holder's pid, host, start time), taken
   before the stage reads or touches anything and released when it finishes; a second process
-  on the same stage stops with :class:`StageLocked` (it does not wait);
+  on the same stage stops with :class:`~eto_train.locks.StageLocked` (it does not wait);
 - check, then touch: a stage reads and checks its inputs before :meth:`Stage.begin`, the first
   call that writes;
 - a finished result is replaced only by a whole new one: a stage that declares its ``outputs``
@@ -19,240 +19,20 @@ Three rules keep what was written (see :class:`Stage`):
 
 from __future__ import annotations
 
-import atexit
-import errno
-import hashlib
 import json
 import os
-import platform
 import shutil
-import socket
-import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from . import tracking
 from .distributed import is_main
-from .store import identity_sha256, is_identity_file, sha256_files, umask_modes, write_json
-
-# Every package that can shape a result (training, generation, the environments, the numbers);
-# one that is absent is recorded as "not installed".
-PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers", "safetensors",
-            "numpy", "vllm", "bitsandbytes", "deepspeed", "wandb", "textworld-express", "scienceworld",
-            "alfworld", "textworld", "hydra-core", "eto-train")
-
-
-def to_plain(cfg) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, (dict, list)) else cfg
-
-
-# Overrides that change what BC is trained on or how; a sweep job with one of them gets its own BC.
-_BC_KEYS = ("bc.", "env.", "env=", "model.", "model=", "bc=", "prompt.", "prompt=", "experts.", "seed=", "paths.")
-
-
-def _swept_overrides(hc) -> list[str]:
-    """This job's overrides of the keys the sweep varies (``-m key=a,b``), e.g. ``eto.dpo.beta=0.5``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(
-        [a for a in sys.argv[1:] if "=" in a and not a.startswith(("-", "hydra."))])
-    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
-    return sorted(o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") in swept)
-
-
-def isolate_sweep_job(cfg) -> None:
-    """Under a Hydra multirun, give each job its own run folder.
-
-    The job's folder is ``<runs>/<run_name>/<its swept overrides>`` (Hydra's ``override_dirname``
-    lists the fixed overrides too and soon exceeds a file name's length). Experts, the tiny
-    model and BC stay shared in ``<runs>/<run_name>`` (trained once, skipped by the next jobs)
-    unless the sweep varies something BC depends on. A plain run is left untouched.
-    """
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import open_dict
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return
-    hc = HydraConfig.get()
-    mine = _swept_overrides(hc)
-    name = ",".join(mine).replace("/", "_")
-    if not name or len(name) > 200:
-        name = f"job{hc.job.num}"
-    shared = cfg.paths.run
-    with open_dict(cfg):
-        cfg.paths.run = f"{shared}/{name}"
-        explicit_base = any(o.startswith("paths.base=") for o in hc.overrides.task)
-        if not explicit_base and not any(o.lstrip("+~").startswith(_BC_KEYS) for o in mine):
-            cfg.paths.base = shared
-
-
-def setup_runtime(threads: int) -> None:
-    """Set torch's thread count deliberately (busy JVMs make 2 threads 5-8x slower than 1)."""
-    import torch
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's reference pass uses a bare tqdm
-    torch.set_num_threads(int(threads))
-    # One rich display per stage: silence the libraries' own tqdm bars.
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-
-
-def file_sha256(path: str | os.PathLike, full: bool = False) -> str:
-    """SHA-256 of a file (its name, then its bytes) or of a folder (each file under it, sorted: its
-    relative path, then its bytes; the identity sidecar excepted).
-
-    A folder's hash is kept in its ``.identity.json`` and answered from there while every file's
-    size and mtime_ns match and none was added or removed (a stat per file, no content read);
-    ``full=True`` or ETO_TRAIN_FULL_HASH=1 re-hashes every byte (see :func:`store.identity_sha256`)."""
-    p = Path(path)
-    if not p.is_dir():
-        return sha256_files(p.parent, [p])
-    files = sorted(f for f in p.rglob("*") if f.is_file() and not is_identity_file(f.name))
-    return identity_sha256(p, "file_sha256", files, full=full)
-
-
-def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for p in PACKAGES:
-        try:
-            out[p] = version(p)
-        except PackageNotFoundError:
-            out[p] = "not installed"
-    return out
-
-
-def config_hash(section: Any) -> str:
-    return hashlib.sha256(json.dumps(section, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
+from .locks import acquire_lock, release_lock
+from .runtime import _threads, config_hash, versions
+from .store import file_sha256, umask_modes, write_json
 
 NEXT, OLD = ".next", ".old"  # a rerun of a finished stage works in NEXT; OLD holds what a swap replaces
-
-
-class StageLocked(RuntimeError):
-    """Another live process is running the same stage (its lock file names it)."""
-
-
-_held: dict[str, tuple[int, int]] = {}  # lock file -> (descriptor holding its flock, pid that took it)
-
-
-def lock_path(stage_dir: str | os.PathLike) -> Path:
-    """The lock file of a stage folder: beside it, so that it is never part of the folder's content."""
-    d = Path(stage_dir)
-    return d.parent / f".{d.name}.lock"
-
-
-def _read_lock(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def acquire_lock(stage_dir: str | os.PathLike, name: str) -> Path:
-    """Take the stage's lock, or raise :class:`StageLocked` naming the live holder.
-
-    The lock is an ``flock`` on the lock file, which the kernel drops when its holder dies (even
-    by SIGKILL), so a lock left by a dead process is stale and simply taken over; the file says
-    who holds it (pid, host, start time) for the error message. Where the file system has no
-    ``flock``, the file alone decides: held unless its pid is no longer alive on this host.
-    Re-entrant within one process (a stage retried in the same process takes its own lock again).
-    """
-    path = lock_path(stage_dir)
-    key = os.path.abspath(path)
-    if key in _held and _held[key][1] == os.getpid():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    host = socket.gethostname()
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            import fcntl
-
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            info = _read_lock(path)
-            if info.get("host") == host and isinstance(info.get("pid"), int) and not _pid_alive(info["pid"]):
-                info["pid"] = f"{info['pid']} (exited; a process it forked still holds the lock)"
-            _raise_locked(name, stage_dir, path, info)
-        except (ImportError, OSError) as exc:  # no flock here: the pid rule
-            if isinstance(exc, OSError) and exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                os.close(fd)
-                raise
-            info = _read_lock(path)
-            pid = info.get("pid")
-            if info and pid != os.getpid() and (info.get("host") != host or (isinstance(pid, int) and _pid_alive(pid))):
-                os.close(fd)
-                _raise_locked(name, stage_dir, path, info)
-        try:  # the file may have been released (unlinked) between our open and our flock: retry then
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    info = {"pid": os.getpid(), "host": host, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage": name,
-            "command": " ".join(sys.argv)[:500]}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode(), 0)
-    os.fsync(fd)
-    _held[key] = (fd, os.getpid())
-    return path
-
-
-def _raise_locked(name: str, stage_dir, path: Path, info: dict[str, Any]) -> None:
-    who = (f"pid {info.get('pid')} on {info.get('host')}, since {info.get('started_at')}"
-           + (f": {info['command']}" if info.get("command") else "")) if info else "a process that is still starting"
-    raise StageLocked(f"[{name}] {stage_dir} is being written by another process ({who}; lock file {path}). "
-                      f"One writer per stage: this process stopped before touching it. Let the other one finish "
-                      f"(or stop it), then run again.")
-
-
-def release_lock(stage_dir: str | os.PathLike) -> None:
-    """Drop the stage's lock if this process holds it (the file is removed first, then the flock)."""
-    _release(lock_path(stage_dir))
-
-
-def _release(path: Path) -> None:
-    fd, pid = _held.pop(os.path.abspath(path), (None, None))
-    if fd is None:
-        return
-    if pid != os.getpid():  # a forked child: the lock is its parent's
-        os.close(fd)
-        return
-    try:
-        if os.stat(path).st_ino == os.fstat(fd).st_ino:
-            path.unlink()
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)
-
-
-@atexit.register
-def _release_all() -> None:  # a process that ends (an error included) leaves no lock file behind
-    for key in list(_held):
-        _release(Path(key))
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:
@@ -477,12 +257,6 @@ class Stage:
         _fsync_dir(self.dir)
         self._discard(nxt)
         self._discard(old)
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def copy_outputs(src: Path, dst: Path, names: list[str]) -> None:

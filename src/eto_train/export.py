@@ -1,0 +1,156 @@
+"""The training export: episodes or pairs for training, checked, with fields dropped and secrets
+redacted (the raw episode store may hold secrets from tool outputs; the export for training
+need not).
+
+Nothing here writes over an input: the output is one whole file written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .eto_format import eto_id, pair_to_eto, to_eto
+from .pairs import Pair, pair_from_dict
+from .records import NOT_POLICY_FAULT, Episode, RecordError, to_messages
+from .store import read_jsonl, write_atomic, write_jsonl
+
+EXPORT_FORMATS = ("eto", "messages", "episodes")  # the authors' layouts | chat messages (TRL) | full records
+
+
+@dataclass
+class ExportConfig:
+    format: str = "eto"  # eto (ShareGPT conversations) | messages (chat) | episodes (full records)
+    drop_fields: list[str] = field(default_factory=list)  # dotted paths, e.g. "policy.path", "steps.latency_s"
+    redact_patterns: list[str] = field(default_factory=list)  # regexes; matches become ``replacement``
+    replacement: str = "[REDACTED]"
+    skip_statuses: list[str] = field(default_factory=lambda: list(NOT_POLICY_FAULT))
+
+    def __post_init__(self) -> None:
+        if self.format not in EXPORT_FORMATS:
+            raise ValueError(f"export.format: {self.format!r} is not one of {list(EXPORT_FORMATS)}")
+        for i, f in enumerate(self.drop_fields):
+            if not isinstance(f, str) or not f or any(not part for part in f.split(".")):
+                raise ValueError(f"export.drop_fields[{i}]: {f!r} is not a dotted field path")
+        self._compiled = []
+        for i, p in enumerate(self.redact_patterns):
+            try:
+                self._compiled.append(re.compile(p))
+            except (re.error, TypeError) as exc:
+                raise ValueError(f"export.redact_patterns[{i}]: invalid regex {p!r}: {exc}") from None
+
+
+def _episode_record(ep: Episode, fmt: str, id: str) -> dict[str, Any]:
+    if fmt == "eto":
+        return to_eto(ep, id=id)
+    if fmt == "messages":
+        return {"id": id, "task_id": ep.task_id, "messages": to_messages(ep),
+                "reward": ep.final_score, "success": ep.success}
+    return ep.to_dict()
+
+
+def _pair_record(pair: Pair, fmt: str, id: str) -> dict[str, Any]:
+    if fmt == "eto":  # the authors' construct_preference.py layout, read by their train_dpo.py
+        return pair_to_eto(pair, id=id)
+    if fmt == "messages":  # TRL's conversational preference format
+        return {"id": id, "prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected}
+    return pair.to_dict()
+
+
+def _distinct_ids(keys: list[str]) -> list[str]:
+    """Each record's id: its task's id, suffixed ``-<n>`` from the second record of a task on
+    (the authors' tools key on the first; no two records share an id)."""
+    seen: dict[str, int] = {}
+    out = []
+    for k in keys:
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        out.append(k if n == 0 else f"{k}-{n}")
+    return out
+
+
+def _drop(obj: Any, parts: list[str]) -> bool:
+    """Remove the dotted path from ``obj`` (through lists); True when something was removed."""
+    if isinstance(obj, list):
+        return any([_drop(x, parts) for x in obj])  # a list, not a generator: drop from every item
+    if not isinstance(obj, dict) or parts[0] not in obj:
+        return False
+    if len(parts) == 1:
+        del obj[parts[0]]
+        return True
+    return _drop(obj[parts[0]], parts[1:])
+
+
+def _redact(obj: Any, patterns: list[re.Pattern], replacement: str, counts: list[int]) -> Any:
+    if isinstance(obj, str):
+        for i, p in enumerate(patterns):
+            obj, n = p.subn(replacement, obj)
+            counts[i] += n
+        return obj
+    if isinstance(obj, list):
+        return [_redact(x, patterns, replacement, counts) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _redact(v, patterns, replacement, counts) for k, v in obj.items()}
+    return obj
+
+
+def export_training_data(inputs: str | os.PathLike | list, output: str | os.PathLike,
+                         cfg: ExportConfig | dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write episodes (or pairs) from ``inputs`` to ``output`` for training; returns a report.
+
+    Episodes with a status in ``skip_statuses`` (default: not the policy's fault) are left out.
+    Episodes and pairs become the chosen ``format``: ``eto``, the authors' layouts (SFT
+    conversations with the instruction/"OK" opening; pairs as ``{id, prompt, chosen,
+    rejected}`` of ShareGPT turns); ``messages``, chat messages (TRL's formats); ``episodes``,
+    the full records. Ids are distinct (see :func:`_distinct_ids`). Then every
+    ``drop_fields`` path is removed and every ``redact_patterns`` match in any text is replaced.
+    A drop path that matches no field of any record is an error (a typo must not leak a field).
+    The output is written atomically and may not be one of the inputs; a ``.json`` output is a
+    JSON list (the authors' files), anything else JSON Lines.
+    """
+    cfg = cfg if isinstance(cfg, ExportConfig) else ExportConfig(**(cfg or {}))
+    paths = [Path(p) for p in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
+    out = Path(output)
+    if any(out.resolve() == p.resolve() for p in paths):
+        raise ValueError(f"export.output: {out} is also an input; the export never writes over its source")
+    records: list[Episode | Pair] = []
+    skipped: dict[str, int] = {}
+    read = 0
+    for path in paths:
+        for lineno, obj in read_jsonl(path):
+            read += 1
+            try:
+                if isinstance(obj, dict) and "pair_id" in obj:
+                    records.append(pair_from_dict(obj))
+                    continue
+                ep = Episode.from_dict(obj)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise RecordError(f"{path}:{lineno}: not an episode or pair record: {exc}") from None
+            if ep.status in cfg.skip_statuses:
+                skipped[ep.status] = skipped.get(ep.status, 0) + 1
+                continue
+            records.append(ep)
+    ids = _distinct_ids([eto_id(r) if isinstance(r, Episode) else r.task_id for r in records])
+    rows = [_pair_record(r, cfg.format, i) if isinstance(r, Pair) else _episode_record(r, cfg.format, i)
+            for r, i in zip(records, ids)]
+    matched = [False] * len(cfg.drop_fields)
+    for r in rows:
+        for i, f in enumerate(cfg.drop_fields):
+            matched[i] |= _drop(r, f.split("."))
+    unmatched = [f for f, m in zip(cfg.drop_fields, matched) if not m]
+    if rows and unmatched:
+        raise ValueError(f"export.drop_fields: {unmatched} match no field of the exported records "
+                         f"(format {cfg.format!r}); nothing was written")
+    counts = [0] * len(cfg._compiled)
+    rows = [_redact(r, cfg._compiled, cfg.replacement, counts) for r in rows]
+    if out.suffix == ".json":  # a JSON list, as the authors' files (their trainers json.load them)
+        write_atomic(out, json.dumps(rows, ensure_ascii=False, indent=2) + "\n")
+    else:
+        write_jsonl(out, rows)
+    return {"inputs": [str(p) for p in paths], "output": str(out), "records_read": read, "exported": len(rows),
+            "skipped": skipped, "dropped_fields": list(cfg.drop_fields),
+            "redactions": dict(zip(cfg.redact_patterns, counts))}
