@@ -42,8 +42,8 @@ from eto_train.experts import expert_episode
 from eto_train.interrupt import interruptible
 from eto_train.model.load import load_model, load_tokenizer, policy_ref
 from eto_train.prompting import PromptConfig
-from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts
-from eto_train.stage import setup_runtime, to_plain, versions
+from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.runtime import setup_runtime, to_plain, versions
 from eto_train.store import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,7 +231,7 @@ def _envsteps(cfg) -> dict:
     many rows leaves them."""
     e = cfg.bench.envsteps
     budget = policy_budget(e.gpu_batch, e.assumed_gpu.tokens_per_s, e.assumed_gpu.tokens_per_step)
-    out = {"budget": budget, "engine": "rollout.run_rollouts steps a round's environments one after the other "
+    out = {"budget": budget, "engine": "rollouts.loop.run_rollouts steps a round's environments one after the other "
            "(eval.overlap_env: in one worker thread, overlapping only the KV engine's decoding; vLLM's "
            "session answers the whole batch at once, so its environment steps add to every round)", "envs": {}}
     for name in e.envs:

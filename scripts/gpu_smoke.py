@@ -135,7 +135,7 @@ def train_sft(path, tok, experts, o, mode: str, device_ok: bool, clock_cls):
 def rollouts(policy_obj, env_cfg, prompt, tasks, batch, sync):
     from eto_train.envs import make_env
     from eto_train.records import PolicyRef
-    from eto_train.rollout import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
     timed, eps = TimedPolicy(policy_obj, sync), []
     t0 = time.perf_counter()
@@ -193,8 +193,8 @@ def main(argv=None) -> int:
     from eto_train.envs import make_env
     from eto_train.model.load import load_model, load_tokenizer
     from eto_train.prompting import PromptConfig
-    from eto_train.rollout import GenerationConfig, Policy
-    from eto_train.stage import setup_runtime
+    from eto_train.rollouts.loop import GenerationConfig, Policy
+    from eto_train.runtime import setup_runtime
 
     gpu = torch.cuda.is_available() and not o.cpu_dry_run
     if not gpu and not o.cpu_dry_run:
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
     section("dpo", lambda: with_mfu(train_dpo(path, tok, experts, played.get("eps", []), o, gpu, clock)))
     if gpu and _importable("vllm"):
         def vllm_rollouts():
-            from eto_train.rollout_vllm import VLLMPolicy
+            from eto_train.rollouts.vllm_engine import VLLMPolicy
 
             policy = VLLMPolicy.from_checkpoint(str(path), gen, 2048, dtype="bfloat16", gpu_memory_utilization=0.5,
                                                 enforce_eager=True)  # no graph capture: a short startup

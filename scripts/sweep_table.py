@@ -18,7 +18,7 @@ from rich.table import Table
 
 from eto_train.evaluation import paired, successes
 from eto_train.interrupt import interruptible
-from eto_train.stages.report import pct
+from eto_train.reporting import pct
 from eto_train.store import write_atomic
 
 

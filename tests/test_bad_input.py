@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from eto_train.context import ContextTruncationWarning, fit_prompt
-from eto_train.dataio import PairsPolicyError, check_pairs_policy, read_eto_file, read_pairs
+from eto_train.eto_format import read_eto_file
 from eto_train.model.load import CheckpointError, load_model, load_tokenizer, policy_ref
-from eto_train.pairs import Pair
+from eto_train.pairs import Pair, PairsPolicyError, check_pairs_policy, read_pairs
+from eto_train.prompting import ContextTruncationWarning, fit_prompt
 from eto_train.records import Episode, PolicyRef, RecordError, Step
 from eto_train.store import append_episodes, read_episodes
 
@@ -84,7 +84,7 @@ def test_empty_action_in_a_model_output_is_an_invalid_step_not_a_crash():
     from test_faults import GoalEnv
 
     from eto_train.prompting import PromptConfig
-    from eto_train.rollout import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
     class Empty:
         def generate(self, convs):
@@ -210,7 +210,7 @@ def test_overlong_observation_is_truncated_with_a_warning_and_counted(small_mode
 
 
 def test_rollout_prompt_truncation_warns_and_is_counted(small_model):
-    from eto_train.rollout import GenerationConfig, Policy
+    from eto_train.rollouts.loop import GenerationConfig, Policy
 
     pol = Policy(load_model(str(small_model)), load_tokenizer(str(small_model)), GenerationConfig(max_new_tokens=8),
                  max_context=128)

@@ -11,7 +11,7 @@ from eto_train.benchmarks import (compare_episodes, comparable_episodes, manifes
                                   simulator_of, spread, step_envs)
 from eto_train.envs import StepResult, Task, make_env
 from eto_train.model.load import load_model, load_tokenizer
-from eto_train.rollout import GenerationConfig, Policy
+from eto_train.rollouts.loop import GenerationConfig, Policy
 
 
 def test_batched_generate_answers_each_conversation_as_it_answers_it_alone(tiny_model_dir):

@@ -12,13 +12,14 @@ import pytest
 import torch
 import yaml
 
-from eto_train.dataio import export_training_data, read_eto_file
 from eto_train.envs import make_env
-from eto_train.kvbatch import KVBatch
+from eto_train.eto_format import read_eto_file
+from eto_train.export import export_training_data
 from eto_train.model.fixtures import FAMILIES, build_fixture_model
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.records import PolicyRef, to_messages
-from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts, stop_token_ids
+from eto_train.rollouts.kvbatch import KVBatch
+from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts, stop_token_ids
 from eto_train.store import write_jsonl
 from eto_train.training.dpo import tokenize_pair
 from eto_train.training.masks import assistant_token_mask

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 from test_pipeline import ROOT, TOY
 
-from eto_train.stage import NEXT, Stage, StageLocked, lock_path
+from eto_train.locks import StageLocked, lock_path
+from eto_train.manifest import NEXT, Stage
 
 
 def _compose(overrides: list[str]):
@@ -64,12 +65,12 @@ def toy(tmp_path_factory):
 
 def _no_rollouts(monkeypatch):
     """Make any rollout a test failure: the error must come before the long work."""
-    from eto_train.stages import rollouts
+    from eto_train.rollouts import play
 
     def boom(*a, **k):
         raise AssertionError("rollouts started: the error should have come before")
 
-    monkeypatch.setattr(rollouts, "run_rollouts", boom)
+    monkeypatch.setattr(play, "run_rollouts", boom)
 
 
 def test_eval_rerun_with_a_bad_setting_fails_before_touching_the_finished_episodes(toy, monkeypatch):
@@ -88,7 +89,7 @@ def test_eval_rerun_with_a_bad_setting_fails_before_touching_the_finished_episod
 
 
 def test_rerun_of_a_finished_eval_replaces_it_only_once_whole_and_resumes_aside(toy, monkeypatch, capsys):
-    from eto_train.stages import rollouts
+    from eto_train.rollouts import play
     from eto_train.stages.evaluate import evaluate_policy
 
     root = toy["run"] / "eval" / "aside"
@@ -99,7 +100,7 @@ def test_rerun_of_a_finished_eval_replaces_it_only_once_whole_and_resumes_aside(
     finished = files(seen)
 
     # another generation setting: the rerun plays into .next and dies after one episode
-    real = rollouts.run_rollouts
+    real = play.run_rollouts
 
     def dies_after_one(todo, *a, on_episode, **k):
         def once(ep):
@@ -107,7 +108,7 @@ def test_rerun_of_a_finished_eval_replaces_it_only_once_whole_and_resumes_aside(
             raise RuntimeError("killed")
         real(todo[:1], *a, on_episode=once, **k)
 
-    monkeypatch.setattr(rollouts, "run_rollouts", dies_after_one)
+    monkeypatch.setattr(play, "run_rollouts", dies_after_one)
     cfg6 = _compose(toy["overrides"] + ["eval.generation.max_new_tokens=5"])
     with pytest.raises(RuntimeError, match="killed"):
         evaluate_policy(cfg6, policy, "aside", ["seen"], root)
@@ -116,7 +117,7 @@ def test_rerun_of_a_finished_eval_replaces_it_only_once_whole_and_resumes_aside(
     assert manifest(seen)["status"] == "done" and len((seen / NEXT / "episodes.jsonl").read_text().splitlines()) == 1
 
     # the same rerun again: resumes in .next, then swaps the whole new result in
-    monkeypatch.setattr(rollouts, "run_rollouts", real)
+    monkeypatch.setattr(play, "run_rollouts", real)
     capsys.readouterr()
     res = evaluate_policy(cfg6, policy, "aside", ["seen"], root)
     assert "resuming: 1 episodes already recorded, 3 to go" in "".join(capsys.readouterr().out.split("\n"))
@@ -150,19 +151,19 @@ def test_experts_cut_short_then_bc_fails_and_the_finished_bc_is_kept(toy, monkey
 
 
 def test_eval_with_batch_size_0_on_an_interrupted_eval_and_an_incomplete_play_are_never_done(toy, monkeypatch, capsys):
-    from eto_train.stages import rollouts
+    from eto_train.rollouts import play
     from eto_train.stages.evaluate import evaluate_policy
 
     root, policy = toy["run"] / "eval" / "cut", str(toy["run"] / "bc" / "model")
-    real = rollouts.run_rollouts
+    real = play.run_rollouts
 
     def plays_only(n):
-        def play(todo, *a, **k):
+        def partial(todo, *a, **k):
             real(todo[:n], *a, **k)
-        return play
+        return partial
 
     # an evaluation interrupted after 2 of its 4 episodes (the engine stopped; manifest "running")
-    monkeypatch.setattr(rollouts, "run_rollouts", plays_only(2))
+    monkeypatch.setattr(play, "run_rollouts", plays_only(2))
     with pytest.raises(RuntimeError, match=r"\[eval/cut/seen\] incomplete: 2 of 4 work items .* not marked done"):
         evaluate_policy(_compose(toy["overrides"]), policy, "cut", ["seen"], root)
     seen = root / "seen"
@@ -176,13 +177,13 @@ def test_eval_with_batch_size_0_on_an_interrupted_eval_and_an_incomplete_play_ar
     assert files(seen) == partial
 
     # an engine that returns having played nothing: not done either
-    monkeypatch.setattr(rollouts, "run_rollouts", plays_only(0))
+    monkeypatch.setattr(play, "run_rollouts", plays_only(0))
     with pytest.raises(RuntimeError, match=r"incomplete: 2 of 4"):
         evaluate_policy(_compose(toy["overrides"]), policy, "cut", ["seen"], root)
     assert manifest(seen)["status"] == "running"
     assert (seen / "episodes.jsonl").read_bytes() == partial["episodes.jsonl"]
 
-    monkeypatch.setattr(rollouts, "run_rollouts", real)
+    monkeypatch.setattr(play, "run_rollouts", real)
     capsys.readouterr()
     evaluate_policy(_compose(toy["overrides"]), policy, "cut", ["seen"], root)
     assert "resuming: 2 episodes already recorded, 2 to go" in capsys.readouterr().out
@@ -194,7 +195,7 @@ def test_a_nan_checkpoint_is_refused_before_rollouts(toy, monkeypatch, tmp_path)
     import torch
     from safetensors.torch import load_file, save_file
 
-    from eto_train.stages import rollouts
+    from eto_train.rollouts import play
     from eto_train.stages.evaluate import evaluate_policy
     from eto_train.training.save import NonFiniteError
 
@@ -206,7 +207,7 @@ def test_a_nan_checkpoint_is_refused_before_rollouts(toy, monkeypatch, tmp_path)
     weights[name].view(-1)[0] = float("nan")
     save_file(weights, str(nan / "model.safetensors"), metadata={"format": "pt"})
     _no_rollouts(monkeypatch)
-    monkeypatch.setattr(rollouts, "make_policy", lambda *a, **k: pytest.fail("a NaN policy was loaded to play"))
+    monkeypatch.setattr(play, "make_policy", lambda *a, **k: pytest.fail("a NaN policy was loaded to play"))
     seen = toy["run"] / "eval" / "bc" / "seen"  # over BC's finished evaluation, under its tag
     before = files(seen)
     with pytest.raises(NonFiniteError, match=rf"{nan}/model.safetensors: weight '{name}' has 1 non-finite"):
@@ -256,7 +257,7 @@ def test_two_evaluations_of_the_same_tag_at_once_never_record_an_episode_twice(t
 
 HOLDER = """
 import sys, time
-from eto_train.stage import Stage
+from eto_train.manifest import Stage
 s = Stage("eval/x/seen", sys.argv[1], {"a": 1}, outputs=["episodes.jsonl"])
 assert not s.done()
 print("holding", flush=True)
@@ -343,7 +344,7 @@ def test_a_checkpoint_that_safetensors_writes_0600_is_readable_once_its_stage_is
     import torch
     from safetensors.torch import save_file
 
-    from eto_train.stage import Stage
+    from eto_train.manifest import Stage
 
     old = os.umask(0o022)
     try:

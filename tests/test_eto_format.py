@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from eto_train.dataio import export_training_data, import_experts, read_eto_file, read_eto_pairs
-from eto_train.eto_format import from_eto, to_eto
+from eto_train.eto_format import from_eto, import_experts, read_eto_file, read_eto_pairs, to_eto
+from eto_train.export import export_training_data
 from eto_train.pairs import trajectory_pair
 from eto_train.records import Episode, PolicyRef, RecordError, Step, to_messages
 from eto_train.store import write_jsonl

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_bad_input import make_episode, make_pair
 
-from eto_train.dataio import ExportConfig, export_training_data
+from eto_train.export import ExportConfig, export_training_data
 from eto_train.records import RecordError
 from eto_train.store import append_episodes, write_jsonl
 

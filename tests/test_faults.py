@@ -23,7 +23,7 @@ from eto_train.envs.faults import (
 from eto_train.experts import expert_episode
 from eto_train.prompting import PromptConfig
 from eto_train.records import NOT_POLICY_FAULT, PolicyRef
-from eto_train.rollout import RolloutConfig, WorkItem, run_rollouts
+from eto_train.rollouts.loop import RolloutConfig, WorkItem, run_rollouts
 
 GOLD = ["go", "go", "go"]
 
@@ -107,7 +107,7 @@ def play(work, faults=FAULTS, retries=1, batch=4, ledger=None, policy=None):
 def sleeps(monkeypatch):
     """Record the rollout's backoff sleeps instead of sleeping."""
     calls = []
-    monkeypatch.setattr("eto_train.rollout.time.sleep", calls.append)
+    monkeypatch.setattr("eto_train.rollouts.loop.time.sleep", calls.append)
     return calls
 
 

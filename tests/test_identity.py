@@ -14,8 +14,7 @@ import pytest
 
 from eto_train import store
 from eto_train.model.load import policy_ref, weights_sha256
-from eto_train.stage import file_sha256
-from eto_train.store import IDENTITY_FILE
+from eto_train.store import IDENTITY_FILE, file_sha256
 
 
 def old_file_sha256(path) -> str:

@@ -29,7 +29,7 @@ from eto_train import interrupt
 from eto_train.envs import EnvironmentFailure, StepResult, Task
 from eto_train.prompting import PromptConfig
 from eto_train.records import PolicyRef
-from eto_train.rollout import RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 EPISODES = 12  # 6 seeds of `seen` x 2 games, played 2 at a time

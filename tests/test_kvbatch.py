@@ -1,12 +1,12 @@
-"""The persistent KV-cached batch (kvbatch.py): in-place cache growth and exact answers."""
+"""The persistent KV-cached batch (rollouts/kvbatch.py): in-place cache growth and exact answers."""
 
 from __future__ import annotations
 
 import torch
 
-from eto_train.kvbatch import SpareLayer
 from eto_train.model.load import load_model, load_tokenizer
-from eto_train.rollout import GenerationConfig, Policy
+from eto_train.rollouts.kvbatch import SpareLayer
+from eto_train.rollouts.loop import GenerationConfig, Policy
 
 
 def test_spare_layer_grows_in_place_and_equals_concatenation():

@@ -92,7 +92,7 @@ def _lines(ids) -> str:
 
 
 def test_tasks_are_dealt_whole_round_robin_in_work_order():
-    from eto_train.stages.rollouts import deal
+    from eto_train.rollouts.play import deal
 
     keys, tasks = ["k0", "k1", "k2", "k3", "k4", "k5"], ["a", "a", "b", "c", "b", "d"]
     assert deal(keys, tasks, 2) == [["k0", "k1", "k3"], ["k2", "k4", "k5"]]
@@ -101,7 +101,7 @@ def test_tasks_are_dealt_whole_round_robin_in_work_order():
 
 
 def test_shards_of_a_killed_play_are_folded_in_once_in_work_order(tmp_path):
-    from eto_train.stages.rollouts import fold_shards
+    from eto_train.rollouts.play import fold_shards
 
     keys = [f"k{i}" for i in range(6)]
     file, shards = tmp_path / "episodes.jsonl", tmp_path / "shards"
@@ -124,7 +124,7 @@ def test_shards_of_a_killed_play_are_folded_in_once_in_work_order(tmp_path):
 
 
 def test_rank_0_names_a_failed_or_silent_rank(tmp_path):
-    from eto_train.stages.rollouts import wait_for_shards
+    from eto_train.rollouts.play import wait_for_shards
 
     plan, faults = {"id": "p1", "world_size": 3}, {"injected_faults": 1, "timeout": 1}
     for r in (0, 1):
@@ -143,8 +143,8 @@ def test_rank_0_names_a_failed_or_silent_rank(tmp_path):
 def test_a_plan_left_by_a_killed_run_is_not_taken(tmp_path, monkeypatch):
     import time
 
-    from eto_train.stage import Stage
-    from eto_train.stages.rollouts import wait_for_plan
+    from eto_train.manifest import Stage
+    from eto_train.rollouts.play import wait_for_plan
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     stage = Stage("eval/x", tmp_path / "seen", {"a": 1})
@@ -169,7 +169,7 @@ def test_a_plan_left_by_a_killed_run_is_not_taken(tmp_path, monkeypatch):
 def test_each_ranks_vllm_engine_is_built_on_its_own_gpu(monkeypatch):
     import torch
 
-    from eto_train.rollout_vllm import own_gpu
+    from eto_train.rollouts.vllm_engine import own_gpu
 
     devices = []
     monkeypatch.setattr(torch.cuda, "set_device", devices.append)

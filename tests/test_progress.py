@@ -9,8 +9,8 @@ from io import StringIO
 from rich.console import Console
 from test_rollout import FlakyEnv, ScriptedPolicy, _prompt, _ref
 
-from eto_train.progress import RolloutProgress
-from eto_train.rollout import RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+from eto_train.rollouts.progress import RolloutProgress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

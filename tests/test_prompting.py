@@ -46,7 +46,7 @@ def test_rollout_sees_opening_example_and_task_and_the_record_keeps_no_example()
     from test_faults import GoalEnv
 
     from eto_train.records import PolicyRef, to_messages
-    from eto_train.rollout import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
     seen = []
 

@@ -128,7 +128,7 @@ def released_entries(cfg, thought: str = "next I should") -> list[dict]:
     from eto_train.envs import make_env
     from eto_train.experts import expert_episode
     from eto_train.prompting import PromptConfig
-    from eto_train.stage import to_plain
+    from eto_train.runtime import to_plain
 
     env, prompt = make_env(to_plain(cfg.env)), PromptConfig(**to_plain(cfg.prompt))
     entries = []

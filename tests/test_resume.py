@@ -1,7 +1,7 @@
 """Durable, reproducible runs at toy scale (issue 5, criteria 1 and 4).
 
 1. The toy demo is SIGKILLed inside bc, eval, explore and dpo (one kill per command, at a
-   deterministic point set by ``ETO_TRAIN_KILL_AT``, see ``eto_train.faultpoints``) and the same
+   deterministic point set by ``ETO_TRAIN_KILL_AT``, see ``eto_train.killpoints``) and the same
    command is run again after each kill; the finished run equals an uninterrupted one: the same
    episodes (none duplicated, none missing), the same pairs files byte for byte, the same
    trained weights and the same metrics.

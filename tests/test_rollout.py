@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from eto_train.envs import EnvironmentFailure, StepResult, Task, make_env
 from eto_train.model.load import load_model, load_tokenizer, policy_ref
-from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
 
 
 class ScriptedPolicy:

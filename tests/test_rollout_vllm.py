@@ -18,8 +18,8 @@ from eto_train.envs import StepResult, Task
 from eto_train.model.tiny import build_tiny_model, train_tokenizer
 from eto_train.prompting import PromptConfig
 from eto_train.records import PolicyRef
-from eto_train.rollout import GenerationConfig, Policy, RolloutConfig, run_rollouts
-from eto_train.rollout_vllm import EXTRA_HINT, VLLMPolicy, sampling_kwargs
+from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.rollouts.vllm_engine import EXTRA_HINT, VLLMPolicy, sampling_kwargs
 
 TEXTS = ["Task: reach the goal", "Observation: a long corridor with doors", "Action: go", "Action: look",
          "You see nothing special."]
@@ -191,7 +191,7 @@ def test_missing_vllm_names_the_extra(monkeypatch, tmp_path):
 def test_backend_chosen_by_config(monkeypatch, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from eto_train.stages import rollouts
+    from eto_train.rollouts import play
 
     made = {}
 
@@ -205,9 +205,9 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
         cfg = compose("config", overrides=["eval.backend=vllm", "eval.vllm.gpu_memory_utilization=0.5", "seed=3"])
         bad = compose("config", overrides=["eval.backend=tgi"])
     sampling = {"max_new_tokens": 12, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
-    assert rollouts.make_policy(cfg, "some/ckpt", sampling) == "vllm-policy"
+    assert play.make_policy(cfg, "some/ckpt", sampling) == "vllm-policy"
     assert made["path"] == "some/ckpt" and made["gen"] == GenerationConfig(**sampling)
     assert made["gpu_memory_utilization"] == 0.5 and made["seed"] == 3 and made["max_num_seqs"] == 256
     assert made["max_context"] == cfg.model.max_context and made["dtype"] == cfg.model.dtype
     with pytest.raises(ValueError, match="hf or vllm"):
-        rollouts.make_policy(bad, "some/ckpt", sampling)
+        play.make_policy(bad, "some/ckpt", sampling)

@@ -125,7 +125,7 @@ def test_rollouts_and_the_experts_stage_run_on_sciworld(env, prompt, tmp_path):
     from hydra import compose, initialize_config_dir
 
     from eto_train.records import PolicyRef
-    from eto_train.rollout import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
     from eto_train.stages import experts
     from eto_train.store import read_episodes
 

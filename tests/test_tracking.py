@@ -12,7 +12,7 @@ from test_pipeline import ROOT, TOY
 from wandb_records import offline_runs
 
 from eto_train import tracking
-from eto_train.stage import Stage
+from eto_train.manifest import Stage
 
 
 @pytest.fixture

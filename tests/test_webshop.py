@@ -159,7 +159,7 @@ def test_a_simulator_assertion_reads_invalid_action_as_in_eto(env, monkeypatch):
 def test_the_step_limit_ends_an_episode_of_invalid_actions(tmp_path):
     from eto_train.prompting import PromptConfig
     from eto_train.records import PolicyRef
-    from eto_train.rollout import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
     class Scripted:
         def generate(self, convs):

@@ -25,7 +25,7 @@ from .envs.base import Environment, Task
 class PlainGenerate:
     """The policy without its cross-turn KV session: the rollout engine then calls HF
     ``generate`` on every active conversation each turn, all of them in one left-padded batch
-    (``rollout._Stateless`` -> ``Policy.generate``), re-encoding the whole conversation."""
+    (``rollouts.loop._Stateless`` -> ``Policy.generate``), re-encoding the whole conversation."""
 
     def __init__(self, policy):
         self.generate = policy.generate

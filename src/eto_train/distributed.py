@@ -1,7 +1,7 @@
 """What the stages need to know when `accelerate launch` starts one process per GPU.
 
 Training (bc, dpo) runs data-parallel in every process (the Trainer does the sharding).
-Rollouts (evaluation, exploration) are data-parallel too (stages/rollouts.py): the main process
+Rollouts (evaluation, exploration) are data-parallel too (rollouts/play.py): the main process
 publishes a plan, every process plays its share into its own shard file, and the main one
 merges the shards and finishes the stage while the others wait for its manifest
 (``eval.data_parallel: false``: the main process plays every episode). Processes meet by

@@ -13,16 +13,23 @@ The released files (repository Yifan-Song793/ETO: ``data/<env>_sft.json``, read 
 
 The instruction + "OK" opening becomes this project's ``Episode.system`` with
 ``opening="instruction_ok"`` (ETO has no system role); a project episode with a system turn is
-written with that opening. Everything here is pure data: files are read in ``dataio``.
+written with that opening. The conversions are pure data; the readers at the end
+(:func:`read_eto_file`, :func:`import_experts`, :func:`read_eto_pairs`) read the authors' files
+(a JSON list, or JSON Lines) and name the file, the line (or list item) and the field of a bad
+entry.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 from .prompting import OK, parse_action
-from .records import Episode, PolicyRef, Step, episode_key, to_messages
+from .records import Episode, PolicyRef, RecordError, Step, episode_key, to_messages
+from .store import read_jsonl
 
 ALFWORLD_DATA_ROOT = "json_2.1.1"  # ALFWorld's data folder, the prefix of the authors' game_file
 
@@ -188,3 +195,102 @@ def pair_from_eto(obj: Any) -> dict[str, Any]:
         if obj[side][0]["from"] != "gpt" or obj[side][-1]["from"] != "gpt":
             raise ValueError(f"{side}: must start and end on a gpt turn")
     return {"id": str(obj["id"]), **{k: from_sharegpt(obj[k]) for k in ("prompt", "chosen", "rejected")}}
+
+
+# -- reading the authors' files ----------------------------------------------------------------
+def _json_items(path: Path) -> Iterator[tuple[str, Any]]:
+    """(location, object) for a JSON Lines file (``path:line``) or a JSON list (``path:line [item i]``)."""
+    if path.suffix == ".jsonl":
+        for lineno, obj in read_jsonl(path):
+            yield f"{path}:{lineno}", obj
+        return
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise RecordError(f"{path}:{line}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(items, list):
+        raise RecordError(f"{path}: expected a JSON list of trajectories, got {type(items).__name__}")
+    # line of each item's start, for messages a user can jump to
+    starts = _item_lines(text, len(items))
+    for i, obj in enumerate(items):
+        yield f"{path}:{starts[i]} [item {i}]", obj
+
+
+def _item_lines(text: str, n: int) -> list[int]:
+    """The line where each top-level item of a JSON list starts (1 when it cannot tell)."""
+    dec, out, pos = json.JSONDecoder(), [], text.index("[") + 1
+    ws = re.compile(r"[\s,]*")
+    try:
+        for _ in range(n):
+            pos = ws.match(text, pos).end()
+            out.append(text.count("\n", 0, pos) + 1)
+            _, pos = dec.raw_decode(text, pos)
+    except (ValueError, AttributeError):
+        return out + [1] * (n - len(out))
+    return out
+
+
+def read_eto_file(path: str | os.PathLike, env: str = "eto-import", split: str = "train") -> list[Episode]:
+    """Episodes from ETO's trajectory format; an unusable trajectory names file, line and field."""
+    out = []
+    for where, obj in _json_items(Path(path)):
+        try:
+            out.append(from_eto(obj, env=env, split=split))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RecordError(f"{where}: not an ETO trajectory: {exc}") from None
+    return out
+
+
+def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tuple[list[Episode], dict[str, Any]]:
+    """Expert episodes from the authors' SFT file, each bound to the training task it belongs to.
+
+    Every entry is checked first (a malformed one names file, line and item); entries whose id
+    matches no task of ``tasks`` are reported, not imported; a second entry for a task is
+    reported and skipped. Raises when no entry matches any task.
+    """
+    index = task_index(tasks)
+    episodes, unmatched, duplicates, seen = [], [], [], set()
+    total = 0
+    for where, obj in _json_items(Path(path)):
+        total += 1
+        try:
+            ep = from_eto(obj)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RecordError(f"{where}: not an ETO trajectory: {exc}") from None
+        task = match_task(obj, index)
+        if task is None:
+            unmatched.append(str(obj.get("game_file", obj.get("id"))))
+            continue
+        if task.task_id in seen:
+            duplicates.append(task.task_id)
+            continue
+        seen.add(task.task_id)
+        episodes.append(bind_task(ep, task, env_version))
+    if not episodes:
+        raise RecordError(f"{path}: none of its {total} trajectories matches a task of the training split "
+                          f"({len(tasks)} tasks, ids like {tasks[0].task_id if tasks else '-'}; the file's "
+                          f"ids: {unmatched[:3]}): is it the file of another environment?")
+    report = {"source": str(path), "entries": total, "imported": len(episodes),
+              "unmatched": len(unmatched), "unmatched_ids": unmatched[:20],
+              "duplicates": len(duplicates), "duplicate_ids": duplicates[:20],
+              "tasks_without_expert": len(tasks) - len(episodes)}
+    return episodes, report
+
+
+def read_eto_pairs(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Pairs in the authors' layout as ``{id, prompt, chosen, rejected}`` chat messages."""
+    out = []
+    for where, obj in _json_items(Path(path)):
+        try:
+            out.append(pair_from_eto(obj))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RecordError(f"{where}: not an ETO preference pair: {exc}") from None
+    return out

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+
 class StageLocked(RuntimeError):
     """Another live process is running the same stage (its lock file names it)."""
 

@@ -12,15 +12,24 @@ the expert's a_t, both conditioned on the instruction and the expert prefix.
 
 Episodes whose status says the policy was not at fault (environment, orchestrator or
 evaluator failures) never become negatives.
+
+The pairs file (``pairs.jsonl``, as ``stages.pairs`` writes it) is read back checked
+(:func:`read_pairs` / :func:`pair_from_dict` name the line and the field of a bad record), and
+:func:`check_pairs_policy` checks that the pairs were explored by the DPO reference policy.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable
 
-from .records import NOT_POLICY_FAULT, Episode, context_length, to_messages
+from .records import NOT_POLICY_FAULT, Episode, RecordError, context_length, to_messages
+from .store import read_jsonl
+
+ROLES = ("system", "user", "assistant")
+PAIR_KINDS = ("trajectory", "step", "self")
 
 
 @dataclass
@@ -153,3 +162,93 @@ def pair_stats(pairs: list[Pair], tasks: Iterable[str]) -> dict[str, Any]:
                                                           for k in ("trajectory", "step", "self")},
             "chosen_turns_mean": sum(ch) / len(ch), "rejected_turns_mean": sum(rj) / len(rj),
             "rejected_turns_max": max(rj)}
+
+
+# -- pairs files ------------------------------------------------------------------------------
+def _check_messages(msgs: Any, name: str, ends_with: str | None, need_assistant: bool) -> None:
+    if not isinstance(msgs, list) or not msgs:
+        raise ValueError(f"{name}: expected a non-empty list of messages")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise ValueError(f"{name}[{i}]: expected a message object, got {type(m).__name__}")
+        extra = sorted(set(m) - {"role", "content"})
+        if extra:
+            raise ValueError(f"{name}[{i}]: unknown key(s) {extra}")
+        if m.get("role") not in ROLES:
+            raise ValueError(f"{name}[{i}].role: unknown role {m.get('role')!r} (one of {list(ROLES)})")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"{name}[{i}].content: expected a string")
+    if need_assistant and not any(m["role"] == "assistant" for m in msgs):
+        raise ValueError(f"{name}: no assistant turn (nothing to train on)")
+    if ends_with and msgs[-1]["role"] != ends_with:
+        raise ValueError(f"{name}[{len(msgs) - 1}].role: must end on a {ends_with} turn, got {msgs[-1]['role']!r}")
+
+
+def pair_from_dict(d: Any) -> Pair:
+    """A checked :class:`Pair`; ``ValueError`` names the bad field."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a pair must be a JSON object, got {type(d).__name__}")
+    names = [f.name for f in fields(Pair)]
+    unknown, missing = sorted(set(d) - set(names)), sorted(set(names) - set(d))
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}")
+    if missing:
+        raise ValueError(f"missing field(s) {missing}")
+    if d["kind"] not in PAIR_KINDS:
+        raise ValueError(f"kind: {d['kind']!r} is not one of {list(PAIR_KINDS)}")
+    for k in ("pair_id", "task_id", "chosen_policy", "rejected_policy"):
+        if not isinstance(d[k], str) or not d[k]:
+            raise ValueError(f"{k}: expected a non-empty string, got {d[k]!r}")
+    for k in ("chosen_score", "rejected_score"):
+        if not isinstance(d[k], (int, float)) or isinstance(d[k], bool):
+            raise ValueError(f"{k}: expected a number, got {d[k]!r}")
+    _check_messages(d["prompt"], "prompt", ends_with="user", need_assistant=False)
+    _check_messages(d["chosen"], "chosen", ends_with="assistant", need_assistant=True)
+    _check_messages(d["rejected"], "rejected", ends_with="assistant", need_assistant=True)
+    for side in ("chosen", "rejected"):
+        for i, m in enumerate(d[side]):
+            if m["role"] == "assistant" and not m["content"].strip():
+                raise ValueError(f"{side}[{i}].content: empty assistant turn (an empty action)")
+    return Pair(**d)
+
+
+def read_pairs(path: str | os.PathLike) -> list[Pair]:
+    out = []
+    for lineno, obj in read_jsonl(path):
+        try:
+            out.append(pair_from_dict(obj))
+        except (ValueError, TypeError) as exc:
+            raise RecordError(f"{path}:{lineno}: not a pair record: {exc}") from None
+    return out
+
+
+class PairsPolicyError(ValueError):
+    """Pairs explored by another policy than the DPO reference."""
+
+
+def _weights_tag(policy_id: str) -> str:
+    """The part of ``<name>@<weights sha256[:12]>`` that names the weights (names differ by stage)."""
+    return policy_id.rsplit("@", 1)[1] if "@" in policy_id else policy_id
+
+
+def check_pairs_policy(pairs: Iterable[Pair], reference_id: str, source: str = "pairs") -> None:
+    """Every non-expert side of every pair was produced by the reference policy.
+
+    DPO's implicit reward is log pi/pi_ref; rejected turns sampled from another policy are
+    off-policy for the reference the trainer uses. ``reference_id`` is
+    ``model.load.policy_ref(reference_path).id``. Policy ids are compared by their weights hash
+    (the name before ``@`` differs between stages); hub ids (``...@hub``) must match whole.
+    Line numbers count the pairs in order, as ``pairs.jsonl`` stores them.
+    """
+    ref_tag = _weights_tag(reference_id)
+    for line, p in enumerate(pairs, start=1):
+        for side in ("chosen_policy", "rejected_policy"):
+            pid = getattr(p, side)
+            if pid == "expert":
+                continue
+            same = pid == reference_id if ref_tag == "hub" else _weights_tag(pid) == ref_tag
+            if not same:
+                raise PairsPolicyError(
+                    f"{source}:{line}: pair {p.pair_id}: {side} is {pid!r}, but the DPO reference is "
+                    f"{reference_id!r}: these pairs were explored by another policy (rebuild them from the "
+                    f"reference: rerun explore and pairs for this iteration)")

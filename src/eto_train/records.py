@@ -1,4 +1,4 @@
-"""Typed episode records, their JSON form, chat messages for TRL and the ETO/ShareGPT format.
+"""Typed episode records, their JSON form and chat messages for TRL (the ETO/ShareGPT format: eto_format).
 
 One :class:`Episode` per rollout. Everything needed to reproduce or audit it is on the record:
 task, seed, environment version and parameters, the policy (path + weight hash), the prompt

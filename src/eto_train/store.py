@@ -250,3 +250,17 @@ def _keep_identity(folder: Path, kind: str, entry: dict[str, Any]) -> None:
     entries[kind] = entry
     write_atomic(folder / IDENTITY_FILE,
                  json.dumps({"format": IDENTITY_FORMAT, "entries": entries}, sort_keys=True) + "\n")
+
+
+def file_sha256(path: str | os.PathLike, full: bool = False) -> str:
+    """SHA-256 of a file (its name, then its bytes) or of a folder (each file under it, sorted: its
+    relative path, then its bytes; the identity sidecar excepted).
+
+    A folder's hash is kept in its ``.identity.json`` and answered from there while every file's
+    size and mtime_ns match and none was added or removed (a stat per file, no content read);
+    ``full=True`` or ETO_TRAIN_FULL_HASH=1 re-hashes every byte (see :func:`identity_sha256`)."""
+    p = Path(path)
+    if not p.is_dir():
+        return sha256_files(p.parent, [p])
+    files = sorted(f for f in p.rglob("*") if f.is_file() and not is_identity_file(f.name))
+    return identity_sha256(p, "file_sha256", files, full=full)

@@ -1,6 +1,6 @@
 """wandb, one run per stage: grouped by the run name, ``job_type`` = the stage, offline by default.
 
-Every :class:`eto_train.stage.Stage` that has work to do opens its own wandb run when it begins
+Every :class:`eto_train.manifest.Stage` that has work to do opens its own wandb run when it begins
 (:func:`start`) and closes it when it finishes (:func:`finish`, with the stage's metrics in the
 run's summary) or fails (exit code 1). A trainer inside the stage (TRL / transformers'
 ``WandbCallback``) finds that run active and logs its curves into it instead of starting one of
@@ -76,7 +76,7 @@ def finish(metrics: dict[str, Any] | None = None, exit_code: int = 0) -> None:
 
 def record(stage: str, stage_config: dict[str, Any], metrics: dict[str, Any],
            folder: str | os.PathLike | None = None) -> None:
-    """A stage without a :class:`~eto_train.stage.Stage` of its own (pairs, the ETO summary):
+    """A stage without a :class:`~eto_train.manifest.Stage` of its own (pairs, the ETO summary):
     one run with its metrics, opened and closed at once."""
     start(stage, stage_config, folder)
     finish(metrics)

@@ -22,7 +22,7 @@ in ``prompt`` (a dataclass) and ``eto.dpo.later`` (whose keys override ``eto.dpo
 The allowed values come from where the project or its libraries define them: TRL's DPO loss
 types and transformers' scheduler / save-strategy names are read from the installed packages'
 source (importing them takes seconds; parsing takes milliseconds), the rest from the modules
-that use them (envs, prompting, dataio, records).
+that use them (envs, prompting, export, records).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .dataio import EXPORT_FORMATS
 from .envs.alfworld import FOLDS as ALFWORLD_FOLDS, TASK_TYPES as ALFWORLD_TASK_TYPES
 from .envs.faults import KINDS as FAULT_KINDS
 from .envs.scienceworld import SIMPLIFICATIONS as SCIWORLD_SIMPLIFICATIONS
 from .envs.textworld_express import ACTION_FORMS as TWX_GAMES, FOLDS as TWX_FOLDS
+from .export import EXPORT_FORMATS
 from .prompting import OPENINGS, PromptConfig
 from .records import STATUSES
 

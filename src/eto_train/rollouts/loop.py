@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .envs.base import Environment, EnvironmentFailure, StepResult, Task
-from .interrupt import interrupted
-from .prompting import (PromptConfig, first_user_message, format_action, parse_action, render_observation,
-                        rollout_context, system_message)
-from .records import Episode, PolicyRef, Step, episode_key
+from ..envs.base import Environment, EnvironmentFailure, StepResult, Task
+from ..interrupt import interrupted
+from ..prompting import (PromptConfig, first_user_message, fit_prompt, format_action, parse_action,
+                         render_observation, rollout_context, system_message)
+from ..records import Episode, PolicyRef, Step, episode_key
 
 if TYPE_CHECKING:
     from .progress import RolloutProgress
@@ -62,15 +62,13 @@ class Policy:
         self.model.eval()
 
     def _encode(self, conv: list[dict[str, str]]) -> tuple[list[int], int]:
-        """Token ids of the prompt, fitted to the context (see :func:`eto_train.context.fit_prompt`);
+        """Token ids of the prompt, fitted to the context (see :func:`eto_train.prompting.fit_prompt`);
         the count (turns dropped, +1 for a cut observation) becomes the episode's ``truncated_turns``."""
-        from .context import fit_prompt
-
         ids, dropped, cut = fit_prompt(self.tok, conv, self.max_context - self.gen.max_new_tokens)
         return ids, dropped + (1 if cut else 0)
 
     def session(self):
-        """A KV-cached batch whose rows persist across turns (see :mod:`eto_train.kvbatch`), or
+        """A KV-cached batch whose rows persist across turns (see :mod:`eto_train.rollouts.kvbatch`), or
         None for a model with sliding-window attention layers (Gemma-2/3): their cache keeps only
         the window, which the engine's per-row cache surgery does not model, so those models
         answer whole conversations with HF ``generate`` each turn (slower, exact)."""
@@ -185,7 +183,7 @@ def run_rollouts(
     progress: RolloutProgress | None = None,
 ) -> None:
     """Play every item of ``work``; hand each finished episode to ``on_episode``. ``progress``
-    (:class:`eto_train.progress.RolloutProgress`, whatever the policy's backend) counts each
+    (:class:`eto_train.rollouts.progress.RolloutProgress`, whatever the policy's backend) counts each
     episode once ``on_episode`` has taken it, and each batched step's rows."""
     import torch
 

@@ -3,7 +3,7 @@
 Check, then touch: the engine settings are checked and the policy is checked (finite weights)
 and loaded before the stage marks itself running. Done means whole: the stage is done only
 when every item of its work list has its episode. A rerun of a finished stage plays into
-``<stage>/.next`` and replaces the finished episodes only once it is whole (stage.Stage).
+``<stage>/.next`` and replaces the finished episodes only once it is whole (manifest.Stage).
 A finished ``episodes.jsonl`` lists the episodes in work-list order, whoever played them.
 
 Data-parallel play (``accelerate launch`` / torchrun, ``eval.data_parallel: true``, the default):
@@ -33,20 +33,21 @@ from typing import Any
 
 from rich.console import Console
 
-from .. import faultpoints
+from .. import killpoints
 from ..distributed import (free_accelerator_memory, is_main, poll, process_started, rank, wait_for_manifest,
                            world_size)
 from ..envs import Task, make_env
 from ..envs.faults import fault_mark, fault_summary, new_play
 from ..evaluation import evaluate
+from ..manifest import NEXT, Stage, copy_outputs
 from ..model.load import is_local, load_model, load_tokenizer
-from ..progress import RolloutProgress
 from ..prompting import PromptConfig
 from ..records import Episode, PolicyRef
-from ..rollout import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
-from ..stage import NEXT, Stage, config_hash, copy_outputs, to_plain
+from ..runtime import config_hash, to_plain
 from ..store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_json, write_jsonl
 from ..training.save import check_finite_weights
+from .loop import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
+from .progress import RolloutProgress
 
 # what a rollout stage writes in its folder (evaluate adds metrics.json, derived from the episodes):
 # a rerun of a finished stage replaces exactly these, once it has played every episode
@@ -61,7 +62,7 @@ def make_policy(cfg, policy_path: str, sampling: dict[str, Any]):
     gen = GenerationConfig(**sampling)
     backend = cfg.eval.get("backend", "hf")
     if backend == "vllm":
-        from ..rollout_vllm import VLLMPolicy
+        from .vllm_engine import VLLMPolicy
 
         return VLLMPolicy.from_checkpoint(policy_path, gen, cfg.model.max_context, dtype=cfg.model.dtype,
                                           seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
@@ -200,7 +201,7 @@ class Rollouts:
                 with RolloutProgress(_label(name), total=len(work), done=len(work) - len(todo),
                                      console=console) as bar:
                     run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
-                                 on_episode=lambda ep: (append_episodes(file, [ep]), faultpoints.hit(name)),
+                                 on_episode=lambda ep: (append_episodes(file, [ep]), killpoints.hit(name)),
                                  progress=bar)
                 faults = fault_summary(mark)
             fold_shards(file, keys)  # the ranks' episodes (data-parallel) into the stage's file
@@ -264,7 +265,7 @@ class Rollouts:
             with RolloutProgress(f"{_label(name)} (rank {r} of {plan['world_size']})", total=share,
                                  done=share - len(todo), console=console, draw=is_main()) as bar:
                 run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
-                             on_episode=lambda ep: (append_episodes(shard, [ep]), faultpoints.hit(name)),
+                             on_episode=lambda ep: (append_episodes(shard, [ep]), killpoints.hit(name)),
                              progress=bar)
         done = {"plan": plan["id"], "rank": r, "played": len(todo), "faults": fault_summary(mark),
                 "seconds": round(time.time() - t0, 2)}

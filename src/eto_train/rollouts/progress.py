@@ -1,7 +1,7 @@
 """One progress bar per rollout: episodes done / total, steps per second, elapsed time and ETA.
 
 Every rollout backend (HF ``generate``, the KV-cached engine, vLLM) is driven by
-:func:`eto_train.rollout.run_rollouts`, which reports to a :class:`RolloutProgress`: one episode
+:func:`eto_train.rollouts.loop.run_rollouts`, which reports to a :class:`RolloutProgress`: one episode
 each time a finished episode has been handed on (recorded), and the number of rows of each
 batched step (every row is one step of its episode). Episodes resumed from a killed run count
 as done from the start; the speed and the ETA are those of this play alone.

@@ -1,6 +1,6 @@
 """A vLLM policy for the rollout engine (`eval.backend=vllm`, GPU, `pip install -e '.[vllm]'`).
 
-The engine in :mod:`eto_train.rollout` asks its policy for a ``session()`` and then, each
+The engine in :mod:`eto_train.rollouts.loop` asks its policy for a ``session()`` and then, each
 step, ``step(conversations)`` -> one ``(text, prompt tokens, completion tokens, turns
 dropped)`` per conversation. This policy answers exactly that, with the HF policy's prompt
 rendering and truncation (the same token ids go in), its greedy / sampling settings and its
@@ -10,7 +10,7 @@ steps; its prefix cache reuses the shared history of each conversation.
 The checkpoint is loaded into the engine once (``from_checkpoint``) and serves every step
 of an exploration or evaluation; ``close()`` gives the GPU back before training. Under
 `accelerate launch` / torchrun every process builds its own engine, on its own GPU
-(:func:`own_gpu`), and plays its share of the episodes (stages/rollouts.py).
+(:func:`own_gpu`), and plays its share of the episodes (rollouts/play.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .rollout import GenerationConfig, Policy, first_stop, stop_token_ids
+from .loop import GenerationConfig, Policy, first_stop, stop_token_ids
 
 EXTRA_HINT = "eval.backend=vllm needs vLLM: pip install -e '.[vllm]' (a CUDA GPU)"
 
@@ -40,7 +40,7 @@ def sampling_kwargs(gen: GenerationConfig, stop_ids: list[int] | int | None) -> 
         kw.update(temperature=gen.temperature, top_p=gen.top_p)
     else:
         kw.update(temperature=0.0, top_p=1.0)  # vLLM's greedy
-    if stop_ids is not None:  # every end-of-turn id, as the HF engine stops on (rollout.stop_token_ids)
+    if stop_ids is not None:  # every end-of-turn id, as the HF engine stops on (loop.stop_token_ids)
         kw["stop_token_ids"] = [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
     return kw
 
@@ -71,7 +71,7 @@ def own_gpu() -> Iterator[None]:
     engine is built, CUDA_VISIBLE_DEVICES names that GPU only and the launcher's variables are
     hidden; both are restored after. Untested here (no GPU). Not covered:
     VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process takes the first GPU it sees)."""
-    from .distributed import world_size
+    from ..distributed import world_size
 
     if world_size() <= 1:
         yield
@@ -129,7 +129,7 @@ class VLLMPolicy:
     def from_checkpoint(cls, path: str, gen: GenerationConfig, max_context: int, dtype: str = "bfloat16",
                         seed: int = 0, trust_remote_code: bool = False, **engine_kwargs: Any) -> VLLMPolicy:
         vllm = import_vllm()
-        from .model.load import check_checkpoint, load_tokenizer
+        from ..model.load import check_checkpoint, load_tokenizer
 
         check_checkpoint(path)
         with own_gpu():

@@ -7,8 +7,9 @@ from pathlib import Path
 from rich.console import Console
 
 from ..experts import read_experts
+from ..manifest import Stage
 from ..model.load import check_quantization, is_local
-from ..stage import Stage, setup_runtime, to_plain
+from ..runtime import setup_runtime, to_plain
 from ..training import recipe
 from ..training.sft import sft_conversations
 from ..validate import check_config

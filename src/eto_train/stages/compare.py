@@ -24,16 +24,17 @@ from rich.table import Table
 from .. import tracking
 from ..distributed import grad_accum, world_size
 from ..evaluation import comparison
+from ..manifest import Stage
 from ..model.load import check_quantization
 from ..pairs import Pair
-from ..stage import Stage, setup_runtime, to_plain
+from ..reporting import table_rows
+from ..runtime import setup_runtime, to_plain
 from ..store import write_atomic, write_json
 from ..training import recipe
 from ..validate import check_config
 from . import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
-from .report import table_rows
 
 
 def _with(cfg, **updates):

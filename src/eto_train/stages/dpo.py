@@ -6,11 +6,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..dataio import check_pairs_policy
 from ..distributed import world_size
+from ..manifest import Stage
 from ..model.load import policy_ref
-from ..pairs import Pair
-from ..stage import Stage, config_hash, setup_runtime, to_plain
+from ..pairs import Pair, check_pairs_policy
+from ..runtime import config_hash, setup_runtime, to_plain
 from ..training import recipe
 
 # what the stage writes in its folder (a rerun of a finished DPO replaces exactly these, when it has its own)

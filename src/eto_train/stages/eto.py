@@ -29,7 +29,7 @@ from .. import tracking
 from ..distributed import is_main
 from ..envs import check_playable, make_env
 from ..evaluation import comparison
-from ..stage import to_plain
+from ..runtime import to_plain
 from ..store import write_json
 from ..validate import check_config
 from . import bc, dpo, experts, explore, model, pairs

@@ -13,10 +13,10 @@ from rich.console import Console
 
 from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
-from ..stage import setup_runtime, to_plain
+from ..rollouts.play import Rollouts
+from ..runtime import setup_runtime, to_plain
 from ..store import write_json
 from ..validate import check_config
-from .rollouts import Rollouts
 
 
 def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:

@@ -13,11 +13,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from ..dataio import import_experts
 from ..envs import make_env
+from ..eto_format import import_experts
 from ..experts import expert_episode
+from ..manifest import Stage
 from ..prompting import PromptConfig
-from ..stage import Stage, to_plain
+from ..runtime import to_plain
 from ..store import write_jsonl
 from ..validate import check_config
 

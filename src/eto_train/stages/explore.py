@@ -12,9 +12,9 @@ from pathlib import Path
 from ..experts import read_experts, usable
 from ..model.load import policy_ref
 from ..records import Episode
-from ..rollout import WorkItem
-from ..stage import setup_runtime, to_plain
-from .rollouts import Rollouts
+from ..rollouts.loop import WorkItem
+from ..rollouts.play import Rollouts
+from ..runtime import setup_runtime, to_plain
 
 
 def explore_tasks(rollouts: Rollouts, split: str, per_game: int | None):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..dataio import ExportConfig, export_training_data
-from ..stage import to_plain
+from ..export import ExportConfig, export_training_data
+from ..runtime import to_plain
 
 
 def run(cfg) -> dict[str, Any]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from rich.console import Console
 
 from ..experts import read_experts
+from ..manifest import Stage
 from ..model.tiny import build_tiny_model, save, train_tokenizer
 from ..records import to_messages
-from ..stage import Stage, setup_runtime, to_plain
+from ..runtime import setup_runtime, to_plain
 from ..validate import check_config
 
 

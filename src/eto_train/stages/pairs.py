@@ -13,7 +13,7 @@ from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, tr
 from ..records import NOT_POLICY_FAULT, Episode
 from .. import tracking
 from ..distributed import is_main
-from ..stage import to_plain
+from ..runtime import to_plain
 from ..store import write_json, write_jsonl
 
 

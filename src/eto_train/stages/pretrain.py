@@ -25,13 +25,14 @@ from typing import Any
 from rich.console import Console
 
 from .. import tracking
-from ..stage import Stage, setup_runtime, to_plain
+from ..manifest import Stage
+from ..runtime import setup_runtime, to_plain
 from ..store import write_json
 from ..validate import check_config
 
 TWX_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "env" / "twx.yaml"
 # what each step writes in its folder (a rerun of a finished step with another config works aside
-# and replaces exactly these when it finishes, see eto_train.stage.Stage)
+# and replaces exactly these when it finishes, see eto_train.manifest.Stage)
 OUTPUTS = ["model", "checkpoints", "probes.json", "progress.json"]
 TOKEN_OUTPUTS = ["tokenizer", "train.bin", "heldout.bin"]
 
@@ -164,7 +165,7 @@ def make_tokens(cfg, out: Path, console) -> dict[str, Any]:
 
 
 def run(cfg, command: str | None = None) -> None:
-    from .. import faultpoints
+    from .. import killpoints
     from ..model.tiny import build_tiny_model
     from ..pretrain.card import plot_loss, write_card
     from ..pretrain.probes import build_probes, probes_to_rows
@@ -224,7 +225,7 @@ def run(cfg, command: str | None = None) -> None:
     trainer.add_callback(make_callbacks(tokenizer=tokenizer, probes=probes, heldout=heldout, probe_cfg=probe_cfg,
                                         max_context=seq_len, tokens_per_step=tokens_per_step,
                                         progress_path=work / "progress.json", console=console))
-    if (kill := faultpoints.trainer_callback("pretrain")) is not None:  # tests only
+    if (kill := killpoints.trainer_callback("pretrain")) is not None:  # tests only
         trainer.add_callback(kill)
 
     # -- train (resumes from the last complete checkpoint of an interrupted run) -----------------

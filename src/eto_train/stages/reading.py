@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..envs import make_env
 from ..reading import first_move_test, first_take_test, right_answers
-from ..stage import to_plain
+from ..runtime import to_plain
 from ..store import read_episodes, write_json
 from ..validate import check_config
 from .evaluate import evaluate_policy

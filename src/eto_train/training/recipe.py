@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from .. import faultpoints, tracking
+from .. import killpoints, tracking
 from ..distributed import is_main, wait_for_manifest, with_grad_accum, world_size
 from ..model.load import check_quantization, load_model, load_tokenizer
 
@@ -112,7 +112,7 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
     """Setup, train and save ``job`` into ``out`` (checkpoints in ``out/checkpoints``, the policy in
     ``out/model``).
 
-    ``begin`` (the stage's :meth:`~eto_train.stage.Stage.begin`) is called once everything has
+    ``begin`` (the stage's :meth:`~eto_train.manifest.Stage.begin`) is called once everything has
     loaded, before the first write, and its answer replaces ``resume``: True resumes the last
     complete checkpoint, False removes old ones.
     """
@@ -146,7 +146,7 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
     trainer = make(policy, dataset, args, peft_config_of(m.get("lora")))
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     trainer.add_callback(finite_guard(job.name))  # a NaN/Inf loss or weight stops the stage
-    if (kill := faultpoints.trainer_callback(job.name)) is not None:  # tests only
+    if (kill := killpoints.trainer_callback(job.name)) is not None:  # tests only
         trainer.add_callback(kill)
 
     # -- train (resumes from the last checkpoint of an interrupted run) -------------------------
@@ -169,8 +169,8 @@ def run_stage(stage, prepare: Callable[[], Job], metrics: Callable[[Trained], di
     the run's metrics (``train_loss``, ``optimizer_steps``, ``train_seconds``, ``resumed_from``
     after a resume, and ``metrics(trained)``); the other processes wait for that manifest. The
     stage's lock is released whatever happens; a finished stage stays in place while a rerun
-    trains aside (see :class:`eto_train.stage.Stage`)."""
-    from ..stage import config_hash
+    trains aside (see :class:`eto_train.manifest.Stage`)."""
+    from ..runtime import config_hash
 
     try:
         trained = train(prepare(), stage.work, begin=stage.begin, console=console)
