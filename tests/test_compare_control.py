@@ -34,13 +34,15 @@ import json, sys
 from pathlib import Path
 from hydra import compose, initialize_config_dir
 from eto_train.pairs import Pair
-from eto_train.stages import compare
+from eto_train.stages import compare, dpo
 
 overrides, policy, variant_dir, out = json.loads(sys.argv[1])
 with initialize_config_dir(sys.argv[2], version_base="1.3", job_name="control"):
     cfg = compose("config", overrides=overrides)
 lines = (Path(variant_dir) / "pairs" / "pairs.jsonl").read_text().splitlines()
-compare.sft_control(cfg, policy, [Pair(**json.loads(x)) for x in lines], Path(variant_dir), Path(out))
+vpairs = [Pair(**json.loads(x)) for x in lines]
+trained = dpo.run(cfg, 1, policy, vpairs, Path(variant_dir))  # up to date: the variant's DPO as it ran
+compare.sft_control(cfg, policy, vpairs, trained, Path(variant_dir), Path(out))
 """
 
 
@@ -95,10 +97,10 @@ def setup(tmp_path_factory, tiny_model_dir, expert_episodes):
     assert len(vpairs) == 6
     variant = runs / "ctl" / "compare" / "trajectory"
     write_jsonl(variant / "pairs" / "pairs.jsonl", (p.to_dict() for p in vpairs))
-    dpo.run(cfg, 1, policy, vpairs, variant)
-    control = compare.sft_control(cfg, policy, vpairs, variant, runs / "ctl" / "compare" / "control")
+    trained = dpo.run(cfg, 1, policy, vpairs, variant)
+    control = compare.sft_control(cfg, policy, vpairs, trained, variant, runs / "ctl" / "compare" / "control")
     return {"cfg": cfg, "overrides": overrides, "policy": policy, "variant": variant, "control": Path(control),
-            "pairs": vpairs}
+            "pairs": vpairs, "trained": trained}
 
 
 def test_control_with_lora_trains_adapters_and_saves_a_merged_model(setup):
@@ -202,5 +204,5 @@ def test_qlora_control_on_a_cpu_stops_before_writing(setup, tmp_path, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = _compose(setup["overrides"] + ["+model.quantization={load_in_4bit:true}"])
     with pytest.raises(RuntimeError, match=r"model.quantization .* needs a CUDA GPU"):
-        compare.sft_control(cfg, setup["policy"], setup["pairs"], setup["variant"], tmp_path / "control")
+        compare.sft_control(cfg, setup["policy"], setup["pairs"], setup["trained"], setup["variant"], tmp_path / "control")
     assert not (tmp_path / "control").exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from eto_train import layout
 from eto_train.envs import Task, make_env
 from eto_train.envs.holdout import HoldoutEnv, check_dev_config, choose_holdout
 from eto_train.stages import eto
@@ -265,7 +266,7 @@ def test_an_iteration_without_dev_split_evaluates_nothing(monkeypatch, tmp_path)
     cfg = compose([f"paths.runs={tmp_path}", "eto=paper"])
     monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, out: ([], []))
     monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, explored, cont, out: [])
-    monkeypatch.setattr(eto.dpo, "run", lambda cfg, k, policy, pairs, out: "new-policy")
+    monkeypatch.setattr(eto.dpo, "run", lambda cfg, k, policy, pairs, out: eto.dpo.Trained("new-policy", {}, {}))
 
     def no_eval(*a, **k):
         raise AssertionError("dev evaluated with eto.dev_split=null")
@@ -273,7 +274,7 @@ def test_an_iteration_without_dev_split_evaluates_nothing(monkeypatch, tmp_path)
     monkeypatch.setattr(eto, "evaluate_policy", no_eval)
     summary = eto.run_iteration(cfg, 1, "old-policy")
     assert summary["dev"] is None and summary["dev_split"] is None and summary["policy"] == "new-policy"
-    assert json.loads((eto.iteration_dir(cfg, 1) / "summary.json").read_text())["dev"] is None
+    assert json.loads((layout.RunLayout.of(cfg).iteration(1) / layout.SUMMARY).read_text())["dev"] is None
 
 
 # -- the checks before any work -----------------------------------------------------------------

@@ -13,7 +13,7 @@ named by the environment variable ``ETO_TRAIN_CONFIGS``. Hydra's job name is the
 
 Every stage runs the same way: a Ctrl-C while Hydra starts up or during the job ends with one
 line saying what was kept and exit status 130 (:mod:`eto_train.interrupt`); under ``-m`` each
-job first gets its own run folder (:func:`eto_train.sweep.isolate_sweep_job`); then tracking is
+job first gets its own run folder (:func:`eto_train.layout.isolate_sweep_job`); then tracking is
 configured (:func:`eto_train.tracking.configure`, one wandb run per stage) and the stage runs.
 """
 
@@ -114,7 +114,7 @@ def with_job_name(args: list[str], job: str) -> list[str]:
 def _job(entry: StageEntry, cfg) -> None:
     from . import tracking
     from .interrupt import interruptible
-    from .sweep import isolate_sweep_job
+    from .layout import isolate_sweep_job
 
     with interruptible(cfg, resume=entry.resume):  # Ctrl-C: one line saying what was kept, exit 130
         if entry.isolate:

@@ -201,6 +201,11 @@ class Stage:
         self.work = self.dir
         self.release()
 
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The metrics of the finished result in the folder (trained now, adopted or up to date)."""
+        return (_read_manifest(self.manifest_path) or {}).get("metrics", {})
+
     def reuse(self, cache: str | os.PathLike, names: list[str]) -> bool:
         """When ``cache`` holds a finished copy of this very stage (same config and inputs, by
         content: e.g. another job of a sweep trained it), make it this stage's result

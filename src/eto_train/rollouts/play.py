@@ -33,7 +33,7 @@ from typing import Any
 
 from rich.console import Console
 
-from .. import killpoints
+from .. import killpoints, layout
 from ..distributed import (free_accelerator_memory, is_main, poll, process_started, rank, wait_for_manifest,
                            world_size)
 from ..envs import Task, make_env
@@ -51,7 +51,7 @@ from .progress import RolloutProgress
 
 # what a rollout stage writes in its folder (evaluate adds metrics.json, derived from the episodes):
 # a rerun of a finished stage replaces exactly these, once it has played every episode
-OUTPUTS = ["episodes.jsonl", "metrics.json"]
+OUTPUTS = [layout.EPISODES, layout.METRICS]
 SHARDS = "shards"  # data-parallel bookkeeping under the stage's work folder; gone once the stage is done
 SHARD_WAIT_S = 1800  # rank 0 waits at least this long (or twice its own share's time) for the other shards
 
@@ -161,7 +161,7 @@ class Rollouts:
                                   "episodes": len(work), **(extra_config or {}),
                                   **({"backend": self.backend} if self.backend != "hf" else {})},
                       inputs={"policy": self.path} if is_local(self.path) else {}, outputs=OUTPUTS)
-        file = out / "episodes.jsonl"
+        file = out / layout.EPISODES
         if stage.done():
             return read_episodes(file)
         chash, plan = config_hash(stage.config), None
@@ -169,7 +169,7 @@ class Rollouts:
             cached = share / chash if share is not None else None
             if cached is not None and is_main() and Stage(name, cached, stage.config, stage.inputs).done(lock=False):
                 console.print(f"[{name}] same policy and config already played: reusing {cached}")
-                stage.adopt(cached, ["episodes.jsonl"])
+                stage.adopt(cached, [layout.EPISODES])
                 shutil.rmtree(out / SHARDS, ignore_errors=True)  # an interrupted play's, if any
                 return read_episodes(file)
             if not is_main():
@@ -179,7 +179,7 @@ class Rollouts:
             self.check_policy()
             # A finished stage's episodes stay in place while a rerun plays into stage.work (.next)
             resumable = stage.begin()
-            file, shards = stage.work / "episodes.jsonl", stage.work / SHARDS
+            file, shards = stage.work / layout.EPISODES, stage.work / SHARDS
             if not resumable:  # results of another config or policy: start clean
                 file.unlink(missing_ok=True)
                 shutil.rmtree(shards, ignore_errors=True)
@@ -223,7 +223,7 @@ class Rollouts:
         finally:
             stage.release()  # an error: the next run (of this or another process) may take the stage
         if cached is not None:
-            copy_outputs(out, cached, ["episodes.jsonl"])
+            copy_outputs(out, cached, [layout.EPISODES])
         return episodes
 
     def _follow(self, name: str, stage: Stage, work: list[WorkItem], keys: list[str]) -> list[Episode]:
@@ -242,7 +242,7 @@ class Rollouts:
         wait_for_manifest(stage.manifest_path, chash, abort=main_failed if plan is not None else None)
         if not stage.done():
             raise RuntimeError(f"[{name}] the main process finished with other inputs than this process's")
-        return read_episodes(stage.dir / "episodes.jsonl")
+        return read_episodes(stage.dir / layout.EPISODES)
 
     def _play_share(self, name: str, work_dir: Path, plan: dict, work: list[WorkItem], keys: list[str]) -> dict:
         """Play this rank's items of ``plan`` into ``<work_dir>/shards/rank<r>.jsonl``, then mark the

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .. import layout
 from ..experts import read_experts
 from ..manifest import Stage
 from ..model.load import check_quantization, is_local
@@ -15,7 +16,7 @@ from ..training.sft import sft_conversations
 from ..validate import check_config
 
 # what the stage writes in its folder (a rerun of a finished bc replaces exactly these, when it has its own)
-OUTPUTS = ["model", "checkpoints", "adapter"]
+OUTPUTS = [layout.POLICY, "checkpoints", "adapter"]
 
 
 def run(cfg) -> dict | None:
@@ -46,5 +47,5 @@ def run(cfg) -> dict | None:
     m = recipe.run_stage(stage, job, metrics, console).metrics
     if m:
         console.print(f"[bc] loss {m['train_loss']:.4f} after {m['optimizer_steps']} steps, "
-                      f"{m['tokens_per_second']:.0f} tokens/s -> {out / 'model'}")
+                      f"{m['tokens_per_second']:.0f} tokens/s -> {layout.policy(out)}")
     return m or None

@@ -13,7 +13,6 @@ p-value, in a table (JSON + markdown) and a PNG chart.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 from rich.table import Table
 
-from .. import tracking
+from .. import layout, tracking
 from ..distributed import grad_accum, world_size
 from ..evaluation import comparison
 from ..manifest import Stage
@@ -67,9 +66,10 @@ def control_training(bc: dict[str, Any], d: dict[str, Any], steps: int) -> dict[
             "batch_size": micro, "grad_accum": per_process // micro, "effective_batch": eb, "max_steps": steps}
 
 
-def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, out: Path) -> str:
+def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.Trained, variant_dir: Path,
+                out: Path) -> str:
     """Continue ``policy_path`` with SFT on the chosen sides of one variant's ``vpairs`` for as many
-    optimizer steps and examples as that variant's DPO (in ``variant_dir``) took.
+    optimizer steps and examples as that variant's DPO (``variant``, in ``variant_dir``) took.
 
     The recipe of every training stage (:mod:`eto_train.training.recipe`), as bc and dpo:
     ``model.lora`` / ``model.quantization`` as configured, a killed run resumes from its last
@@ -78,16 +78,15 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, ou
     console = Console(markup=False)
     check_quantization(cfg.model.get("quantization"))  # before anything is written (the lock included)
     setup_runtime(cfg.runtime.train_threads)
-    dpo_run = json.loads((variant_dir / "dpo" / "manifest.json").read_text())
-    d, steps = dpo_run["config"]["dpo"], int(dpo_run["metrics"]["optimizer_steps"])
+    d, steps = variant.hyperparameters, int(variant.metrics["optimizer_steps"])
     train = control_training(to_plain(cfg.bc), d, steps)
     chosen = [p.prompt + p.chosen for p in vpairs]
     stage = Stage("compare/control", out, {"model": to_plain(cfg.model), "train": train, "seed": cfg.seed,
                                            "control_of": variant_dir.name, "conversations": len(chosen)},
-                  inputs={"policy": policy_path, "pairs": variant_dir / "pairs" / "pairs.jsonl"},
-                  outputs=["model", "checkpoints", "adapter"])
+                  inputs={"policy": policy_path, "pairs": layout.pairs_file(variant_dir)},
+                  outputs=[layout.POLICY, "checkpoints", "adapter"])
     if stage.done():
-        return str(out / "model")
+        return str(layout.policy(out))
     eb = train["effective_batch"]
 
     def metrics(t: recipe.Trained) -> dict:
@@ -107,8 +106,8 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant_dir: Path, ou
     if trained.metrics:
         console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {len(chosen)} chosen sides: "
                       f"{trained.optimizer_steps} steps x {trained.effective_batch} examples "
-                      f"(as its DPO), loss {trained.metrics['train_loss']:.4f} -> {out / 'model'}")
-    return str(out / "model")
+                      f"(as its DPO), loss {trained.metrics['train_loss']:.4f} -> {layout.policy(out)}")
+    return str(layout.policy(out))
 
 
 def run(cfg) -> dict[str, Any]:
@@ -120,8 +119,8 @@ def run(cfg) -> dict[str, Any]:
         raise ValueError(f"compare.control_of={control_of!r} is not one of compare.variants={list(cc.variants)}: "
                          "the control matches that variant's chosen side and optimizer steps")
     prepare_bc(cfg)
-    bc_policy = str(Path(cfg.paths.bc) / "model")
-    out = Path(cfg.paths.compare)
+    runs = layout.RunLayout.of(cfg)
+    bc_policy, out = str(runs.bc_policy), runs.compare
 
     # -- one shared exploration (with step continuations when a variant needs them) ------------
     needs_step = any(v in ("step", "mixture") for v in cc.variants)
@@ -135,21 +134,22 @@ def run(cfg) -> dict[str, Any]:
     for v in cc.variants:
         vcfg = _with(cfg, **{"eto.pairs.contrast": v})
         vpairs = pairs.run(vcfg, 1, explored, continuations if v != "trajectory" else [], out / v)
-        policies[v] = dpo.run(vcfg, 1, bc_policy, vpairs, out / v)
-        steps[v] = json.loads((out / v / "dpo" / "manifest.json").read_text())["metrics"]["optimizer_steps"]
+        trained = dpo.run(vcfg, 1, bc_policy, vpairs, out / v)
+        policies[v], steps[v] = trained.policy, trained.metrics["optimizer_steps"]
         if v == control_of:
-            control_pairs = vpairs
+            control_pairs, control_variant = vpairs, trained
     if cc.control and control_pairs:
-        policies["control"] = sft_control(cfg, bc_policy, control_pairs, out / control_of, out / "control")
+        policies["control"] = sft_control(cfg, bc_policy, control_pairs, control_variant, out / control_of,
+                                          out / "control")
 
     # -- the same held-out seeds for every policy ------------------------------------------------
     splits = list(cc.splits)
     results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "control_of": control_of, "splits": {}}
-    evals = {n: Path(cfg.paths.bc_eval) if n == "bc" else out / "eval" / n for n in policies}
+    evals = {n: runs.evaluation("bc") if n == "bc" else out / "eval" / n for n in policies}
     for name, path in policies.items():  # BC's evaluation is shared with `make eto` (done once)
         evaluate_policy(cfg, path, "bc" if name == "bc" else f"compare-{name}", splits, evals[name])
     for split in splits:
-        results["splits"][split] = comparison({n: evals[n] / split / "episodes.jsonl" for n in policies},
+        results["splits"][split] = comparison({n: layout.episodes(evals[n], split) for n in policies},
                                               cc.bootstrap, cfg.seed)
     write_json(out / "compare.json", results)
     tracking.record("compare", to_plain(cc), {s: {n: {"success_rate": r["success"], **({"vs_bc": r["vs_bc"]["diff"]}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from .. import layout
 from ..distributed import world_size
 from ..manifest import Stage
 from ..model.load import policy_ref
@@ -14,7 +17,7 @@ from ..runtime import config_hash, setup_runtime, to_plain
 from ..training import recipe
 
 # what the stage writes in its folder (a rerun of a finished DPO replaces exactly these, when it has its own)
-OUTPUTS = ["model", "checkpoints", "adapter", "pairs_dataset"]
+OUTPUTS = [layout.POLICY, "checkpoints", "adapter", "pairs_dataset"]
 
 
 def hyperparameters(cfg, iteration: int) -> dict:
@@ -26,28 +29,40 @@ def hyperparameters(cfg, iteration: int) -> dict:
     return d
 
 
-def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> str:
-    """Train from ``policy_path`` (also the frozen reference); returns the new policy's folder."""
+@dataclass
+class Trained:
+    """A DPO stage's result: the new policy's folder, the settings it trained with, its metrics."""
+
+    policy: str
+    hyperparameters: dict[str, Any]
+    metrics: dict[str, Any]
+
+
+def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> Trained:
+    """Train from ``policy_path`` (also the frozen reference) in ``out``/dpo."""
     console = Console(markup=False)
     setup_runtime(cfg.runtime.train_threads)
     d = hyperparameters(cfg, iteration)
-    stage_dir = out / "dpo"
+    stage_dir = layout.dpo_dir(out)
+    result = Trained(str(layout.policy(stage_dir)), d, {})
     stage = Stage(f"dpo/iter{iteration}", stage_dir, {"dpo": d, "seed": cfg.seed},
-                  inputs={"policy": policy_path, "pairs": out / "pairs" / "pairs.jsonl"}, outputs=OUTPUTS)
+                  inputs={"policy": policy_path, "pairs": layout.pairs_file(out)}, outputs=OUTPUTS)
     if stage.done():
-        return str(stage_dir / "model")
+        result.metrics = stage.metrics
+        return result
     # The same DPO (config, starting policy and pairs, by content) already trained by another job
     # of a sweep, or by `make eto` for `make compare-contrast`'s trajectory variant: take it.
     # One process only: the others of `accelerate launch` would skip a collective.
-    cached = Path(cfg.paths.cache) / "dpo" / config_hash({"c": stage.config, "i": stage.input_hashes})
-    if world_size() == 1 and stage.reuse(cached, ["model"]):
-        return str(stage_dir / "model")
+    cached = layout.RunLayout.of(cfg).cache("dpo", config_hash({"c": stage.config, "i": stage.input_hashes}))
+    if world_size() == 1 and stage.reuse(cached, [layout.POLICY]):
+        result.metrics = stage.metrics
+        return result
 
     def job() -> recipe.Job:  # check, then touch: pairs and their explorer before anything is written
         if not pairs:
             raise ValueError(f"iteration {iteration}: no pairs to train on (see {out / 'pairs' / 'stats.json'})")
         # pairs explored by another policy than this reference would make the DPO objective wrong
-        check_pairs_policy(pairs, policy_ref(policy_path).id, source=str(out / "pairs" / "pairs.jsonl"))
+        check_pairs_policy(pairs, policy_ref(policy_path).id, source=str(layout.pairs_file(out)))
         rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
         return recipe.Job(stage.name, "dpo", policy_path, rows, d, to_plain(cfg.model), cfg.seed,
                           cfg.trust_remote_code)
@@ -58,7 +73,8 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
 
     trained = recipe.run_stage(stage, job, metrics, console)
     if world_size() == 1:
-        stage.publish(cached, ["model"])
+        stage.publish(cached, [layout.POLICY])
+    result.metrics = trained.metrics or stage.metrics
     if trained.metrics:
         last = trained.metrics["last_log"]
         console.print(f"[dpo] iteration {iteration}: {trained.rows} pairs, {trained.optimizer_steps} steps, loss "
@@ -66,4 +82,4 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
                       f"{last.get('rewards/accuracies', float('nan')):.2f}, chosen logp "
                       f"{last.get('logps/chosen', float('nan')):.2f}, rejected logp "
                       f"{last.get('logps/rejected', float('nan')):.2f}")
-    return str(stage_dir / "model")
+    return result

@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .. import tracking
+from .. import layout, tracking
 from ..distributed import is_main
 from ..envs import check_playable, make_env
 from ..evaluation import comparison
@@ -106,16 +106,12 @@ def check_selection(cfg, loop: bool = True) -> Selection:
     return sel
 
 
-def iteration_dir(cfg, k: int) -> Path:
-    return Path(cfg.paths.eto) / f"iter{k}"
-
-
 def latest_policy(cfg) -> tuple[int, str]:
     """(last finished iteration, its policy folder); (0, bc policy) before any iteration."""
-    k = 0
-    while (iteration_dir(cfg, k + 1) / "dpo" / "model" / "config.json").exists():
+    runs, k = layout.RunLayout.of(cfg), 0
+    while (layout.policy(layout.dpo_dir(runs.iteration(k + 1))) / "config.json").exists():
         k += 1
-    return k, (str(iteration_dir(cfg, k) / "dpo" / "model") if k else str(Path(cfg.paths.bc) / "model"))
+    return k, str(layout.policy(layout.dpo_dir(runs.iteration(k))) if k else runs.bc_policy)
 
 
 def run_next_iteration(cfg) -> dict[str, Any] | None:
@@ -136,17 +132,17 @@ def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = N
     """One iteration from ``policy_path``; its policy is evaluated on the dev split, if one is set."""
     check_config(cfg)
     sel = selection or check_selection(cfg, loop=False)
-    out = iteration_dir(cfg, k)
+    out = layout.RunLayout.of(cfg).iteration(k)
     explored, continuations = explore.run(cfg, k, policy_path, out)
     pair_list = pairs.run(cfg, k, explored, continuations, out)
-    new_policy = dpo.run(cfg, k, policy_path, pair_list, out)
+    new_policy = dpo.run(cfg, k, policy_path, pair_list, out).policy
     dev = None
     if sel.dev_split is not None:
         dev = evaluate_policy(cfg, new_policy, f"iter{k}", [sel.dev_split], out / "eval")[sel.dev_split]["overall"]
     summary = {"iteration": k, "policy": new_policy, "started_from": policy_path,
                "explore_success": sum(e.success for e in explored) / max(1, len(explored)),
                "pairs": len(pair_list), "dev_split": sel.dev_split, "dev": dev}
-    write_json(out / "summary.json", summary)
+    write_json(out / layout.SUMMARY, summary)
     return summary
 
 
@@ -184,11 +180,12 @@ def run(cfg) -> dict[str, Any]:
     metric, dev_split = sel.metric, sel.dev_split
     check_playable(to_plain(cfg.env))  # e.g. WebShop not installed: say so before BC, not after it
     prepare_bc(cfg)
-    bc_policy = str(Path(cfg.paths.bc) / "model")
+    runs = layout.RunLayout.of(cfg)
+    bc_policy = str(runs.bc_policy)
     test_splits = list(cfg.eval.splits)
     # BC on dev (the baseline for early stopping) and on the test splits (the paired baseline)
     bc_res = evaluate_policy(cfg, bc_policy, "bc", [*([dev_split] if dev_split else []), *test_splits],
-                             Path(cfg.paths.bc_eval))
+                             runs.evaluation("bc"))
     history = [{"iteration": 0, "policy": bc_policy, "dev_split": dev_split,
                 "dev": bc_res[dev_split]["overall"] if dev_split else None}]
     best, policy = history[0], bc_policy
@@ -202,26 +199,26 @@ def run(cfg) -> dict[str, Any]:
                           f"{_fmt(metric, best['dev'][metric])} + {sel.min_improvement}: stopping")
             break
     if best["iteration"] == 0:  # no iteration beat BC on dev (or none ran): BC's own test evaluation stands
-        best_eval, test = Path(cfg.paths.bc_eval), {s: bc_res[s] for s in test_splits}
+        best_eval, test = runs.evaluation("bc"), {s: bc_res[s] for s in test_splits}
     else:
-        best_eval = Path(cfg.paths.run) / "eval" / "eto_best"
+        best_eval = runs.evaluation("eto_best")
         test = evaluate_policy(cfg, best["policy"], "eto_best", test_splits, best_eval)
     vs_bc = {}
     for split in test_splits:
-        rows = comparison({"bc": Path(cfg.paths.bc_eval) / split / "episodes.jsonl",
-                           "best": best_eval / split / "episodes.jsonl"}, cfg.compare.bootstrap, cfg.seed)["best"]
+        rows = comparison({"bc": layout.episodes(runs.evaluation("bc"), split),
+                           "best": layout.episodes(best_eval, split)}, cfg.compare.bootstrap, cfg.seed)["best"]
         vs_bc[split] = {**rows["vs_bc"], "per_game": {g: r["vs_bc"] for g, r in rows["per_game"].items()}}
     # best_*: the policy the loop returns (with early stopping the best on dev, else the last one)
     result = {"best_iteration": best["iteration"], "best_policy": best["policy"], "best_eval": str(best_eval),
               "selection": sel.to_dict(), "history": history,
               "test": {s: r["overall"] for s, r in test.items()},
               "bc_test": {s: bc_res[s]["overall"] for s in test_splits}, "best_vs_bc": vs_bc}
-    write_json(Path(cfg.paths.eto) / "result.json", result)
+    write_json(runs.eto_result, result)
     if is_main():  # the loop's summary: dev success per iteration, the kept policy on test, paired vs BC
         tracking.record("eto", result["selection"], {
             "best_iteration": best["iteration"], "test": result["test"], "bc_test": result["bc_test"],
             "best_vs_bc": vs_bc, "pairs": {f"iter{h['iteration']}": h.get("pairs") for h in history},
-            "dev": {f"iter{h['iteration']}": h["dev"] for h in history if h["dev"] is not None}}, cfg.paths.eto)
+            "dev": {f"iter{h['iteration']}": h["dev"] for h in history if h["dev"] is not None}}, runs.eto)
     how = (f"selected by dev {metric}, best: iteration {best['iteration']}" if sel.early_stopping
            else f"no selection: the last iteration ({best['iteration']}) is the result")
     t = Table(title=f"ETO on {dev_split} ({how})" if dev_split else f"ETO without a dev split ({how})")

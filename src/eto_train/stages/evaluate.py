@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from .. import layout
 from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
 from ..rollouts.play import Rollouts
@@ -33,7 +34,7 @@ def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> 
         res = evaluate(episodes)
         res["policy"] = ref.id
         results[split] = res
-        write_json(out / "metrics.json", res)  # whole (temporary file, then rename), readable by the team
+        write_json(out / layout.METRICS, res)  # whole (temporary file, then rename), readable by the team
     rollouts.close()
     return results
 
@@ -41,6 +42,6 @@ def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> 
 def run(cfg) -> None:
     check_config(cfg)
     ev = cfg.eval
-    results = evaluate_policy(cfg, ev.policy, ev.tag, list(ev.splits), Path(cfg.paths.run) / "eval" / ev.tag)
+    results = evaluate_policy(cfg, ev.policy, ev.tag, list(ev.splits), layout.RunLayout.of(cfg).evaluation(ev.tag))
     policy_id = next(iter(results.values()))["policy"] if results else ev.policy
     Console(width=120, markup=False).print(metrics_table(f"{ev.tag} ({policy_id})", results))

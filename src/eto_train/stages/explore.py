@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from .. import layout
 from ..experts import read_experts, usable
 from ..model.load import policy_ref
 from ..records import Episode
@@ -47,8 +48,8 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                         batch_key="eto.explore.batch_size")
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
     work = [WorkItem(t, s) for t in tasks for s in range(ex.samples)]
-    share = Path(cfg.paths.cache) / "explore"  # sweep jobs exploring the same policy share it
-    episodes = rollouts.play(f"explore/iter{iteration}", out / "explore", work,
+    share = layout.RunLayout.of(cfg).cache("explore")  # sweep jobs exploring the same policy share it
+    episodes = rollouts.play(f"explore/iter{iteration}", layout.explore_dir(out), work,
                              extra_config={"explore": to_plain(ex)}, share=share)
     continuations: list[Episode] = []
     pc = cfg.eto.pairs

@@ -11,7 +11,7 @@ from rich.console import Console
 from ..experts import read_experts, usable
 from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
 from ..records import NOT_POLICY_FAULT, Episode
-from .. import tracking
+from .. import layout, tracking
 from ..distributed import is_main
 from ..runtime import to_plain
 from ..store import write_json, write_jsonl
@@ -62,10 +62,10 @@ def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episod
     experts = {e.task_id: e for e in read_experts(cfg.paths.experts) if usable(e)}
     pairs, stats = build_pairs(cfg, experts, explored, continuations, cfg.seed + iteration)
     stats["config"] = to_plain(cfg.eto.pairs)
-    write_jsonl(out / "pairs" / "pairs.jsonl", (p.to_dict() for p in pairs))
-    write_json(out / "pairs" / "stats.json", stats)
+    write_jsonl(layout.pairs_file(out), (p.to_dict() for p in pairs))
+    write_json(layout.pairs_file(out).with_name("stats.json"), stats)
     if is_main():
-        tracking.record(f"pairs/iter{iteration}", stats["config"], stats, out / "pairs")
+        tracking.record(f"pairs/iter{iteration}", stats["config"], stats, layout.pairs_file(out).parent)
     console.print(f"[pairs] iteration {iteration}: {stats['pairs']} pairs {stats['by_kind']} "
                   f"(agent lost {stats['agent_lost']}, won {stats['agent_won']}, no pair on {stats['no_pair']} of {stats['tasks']} tasks); "
                   f"rejected turns mean {stats['rejected_turns_mean']:.1f}")

@@ -8,7 +8,6 @@ mapreader move and its first twc take are tested against the chance line of its 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +16,7 @@ from rich.table import Table
 from ..envs import make_env
 from ..reading import first_move_test, first_take_test, right_answers
 from ..runtime import to_plain
+from .. import layout
 from ..store import read_episodes, write_json
 from ..validate import check_config
 from .evaluate import evaluate_policy
@@ -33,11 +33,11 @@ def run(cfg, policies: dict[str, str] | None = None) -> dict[str, Any]:
         gold_move, takeable = right_answers(env, tasks)
     finally:
         env.close()
-    out_root, results = Path(cfg.paths.run), {}
+    runs, results = layout.RunLayout.of(cfg), {}
     for tag, path in (policies or to_plain(r.policies)).items():
-        root = Path(cfg.paths.bc_eval) if tag == "bc" else out_root / "eval" / tag
+        root = runs.evaluation(tag)
         evaluate_policy(cfg, str(path), tag, [r.split], root)
-        eps = read_episodes(root / r.split / "episodes.jsonl")
+        eps = read_episodes(layout.episodes(root, r.split))
         by_game = lambda g: [e for e in eps if e.game == g]  # noqa: E731
         kw = {"permutations": int(r.permutations), "seed": int(cfg.seed)}
         results[tag] = {"policy": eps[0].policy.id if eps else str(path),
@@ -47,7 +47,7 @@ def run(cfg, policies: dict[str, str] | None = None) -> dict[str, Any]:
                         if by_game("mapreader") else None,
                         "first_take": first_take_test(by_game("twc"), takeable, **kw) if by_game("twc") else None}
     report = {"split": r.split, "alpha": r.alpha, "policies": results}
-    write_json(out_root / "reading" / f"{r.split}.json", report)
+    write_json(runs.run / "reading" / f"{r.split}.json", report)
     Console(width=140, markup=False).print(table(report))
     return report
 

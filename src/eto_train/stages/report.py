@@ -17,25 +17,26 @@ from omegaconf import OmegaConf
 
 from ..evaluation import comparison
 from ..reporting import env_failures, fault_accounts, iteration_plot, pct, table_rows
+from .. import layout
 from ..runtime import versions
 from ..store import write_atomic, write_json
 from ..validate import check_config
 
 
 def build(cfg) -> dict[str, Any]:
-    run = Path(cfg.paths.run)
-    eto = json.loads((Path(cfg.paths.eto) / "result.json").read_text())
-    cmp_dir = Path(cfg.paths.compare)
+    runs = layout.RunLayout.of(cfg)
+    eto = json.loads(runs.eto_result.read_text())
+    cmp_dir = runs.compare
     cmp = json.loads((cmp_dir / "compare.json").read_text())
     n_boot, seed = cfg.compare.bootstrap, cfg.seed
     # Every policy evaluated on the same test seeds: BC, control and variants by compare, the
     # best ETO iteration by eto (its test evaluation).
     evals = {name: cmp_dir / "eval" / name for name in cmp["policies"]}
-    evals["bc"] = Path(cfg.paths.bc_eval)
-    evals[f"eto best (iteration {eto['best_iteration']})"] = Path(eto.get("best_eval", run / "eval" / "eto_best"))
+    evals["bc"] = runs.evaluation("bc")
+    evals[f"eto best (iteration {eto['best_iteration']})"] = Path(eto.get("best_eval", runs.evaluation("eto_best")))
     rows: dict[str, dict[str, Any]] = {}
     for split in cmp["splits"]:
-        files = {n: d / split / "episodes.jsonl" for n, d in evals.items() if (d / split / "episodes.jsonl").exists()}
+        files = {n: layout.episodes(d, split) for n, d in evals.items() if layout.episodes(d, split).exists()}
         rows[split] = comparison(files, n_boot, seed)
         for n, r in rows[split].items():
             r["environment_failures"] = env_failures(files[n])
@@ -50,10 +51,10 @@ def build(cfg) -> dict[str, Any]:
                     "beats_control": "vs_control" in x and x["vs_control"]["diff_ci95"][0] > 0}
 
         verdict = {"split": headline, **beats(r), "per_game": {g: beats(x) for g, x in r["per_game"].items()}}
-    reading = run / "reading" / f"{cfg.reading.split}.json"
+    reading = runs.run / "reading" / f"{cfg.reading.split}.json"
     return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
             "splits": rows, "verdict": verdict, "reading": json.loads(reading.read_text()) if reading.exists() else None,
-            "faults": fault_accounts(run)}
+            "faults": fault_accounts(runs.run)}
 
 
 def reading_section(rd: dict[str, Any] | None) -> list[str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from .. import killpoints, tracking
+from .. import killpoints, layout, tracking
 from ..distributed import is_main, wait_for_manifest, with_grad_accum, world_size
 from ..model.load import check_quantization, load_model, load_tokenizer
 
@@ -156,7 +156,7 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
     result = trainer.train(resume_from_checkpoint=ckpt)
 
     # -- save: one plain checkpoint downstream (adapters merged; gathered from all processes) ---
-    save_policy(trainer, tokenizer, out / "model", job.base, m["dtype"], job.trust_remote_code, stage=job.name)
+    save_policy(trainer, tokenizer, layout.policy(out), job.base, m["dtype"], job.trust_remote_code, stage=job.name)
     return Trained(trainer=trainer, result=result, resumed_from=ckpt, rows=len(dataset),
                    trainable_parameters=trainable)
 
@@ -182,7 +182,7 @@ def run_stage(stage, prepare: Callable[[], Job], metrics: Callable[[Trained], di
                            "train_seconds": r.metrics["train_runtime"], **metrics(trained)}
         if trained.resumed_from:  # then train_loss and train_seconds cover the steps after the resume
             trained.metrics["resumed_from"] = Path(trained.resumed_from).name
-        stage.finish(trained.metrics, output=str(stage.dir / "model"))
+        stage.finish(trained.metrics, output=str(layout.policy(stage.dir)))
         return trained
     finally:
         stage.release()  # an error: the next run (of this or another process) may take the stage

@@ -1,0 +1,139 @@
+"""Where everything of a run lives: one home for the run folder's paths and names.
+
+The roots come from the config's ``paths`` section (``run``, ``base``, ``experts``, ``bc``,
+``bc_eval``, ``eto``, ``compare``, ``cache``); the names inside them are the constants and
+methods here, so no stage spells a folder name of its own. The tree (README's "Run folder")::
+
+    <run>/experts/train.jsonl            RunLayout.experts
+    <run>/bc/model/                      RunLayout.bc_policy
+    <run>/eval/<tag>/<split>/            RunLayout.evaluation(tag) / split  (tag "bc": paths.bc_eval)
+    <run>/eto/iter<k>/                   RunLayout.iteration(k): explore/ pairs/ dpo/ eval/ summary.json
+    <run>/eto/result.json                RunLayout.eto_result
+    <run>/compare/<variant>/             the same explore/ pairs/ dpo/ inside, per contrast variant
+    <run>/cache/<kind>/<hash>/           RunLayout.cache(kind, key): finished work reused by content
+
+Under a Hydra multirun (:func:`isolate_sweep_job`) every job gets its own ``run`` folder, and
+shares ``base`` (experts, the tiny model, BC and its evaluation, the cache) with the other jobs
+unless it overrides something BC depends on (:data:`BC_DEPENDS_ON`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+POLICY = "model"              # a training stage's policy (one plain checkpoint) inside its folder
+EPISODES = "episodes.jsonl"   # a rollout's episodes (one record per line)
+METRICS = "metrics.json"      # an evaluation's metrics beside its episodes
+PAIRS = "pairs.jsonl"         # a pairs stage's pairs (+ stats.json)
+SUMMARY = "summary.json"      # an ETO iteration's summary
+RESULT = "result.json"        # the ETO loop's result
+
+# The config sections BC's result depends on: the experts' (env, experts, prompt) and BC's own
+# (its stage config: model, bc, seed, prompt); a sweep job overriding one of them trains its own BC.
+BC_DEPENDS_ON = ("bc", "env", "model", "prompt", "experts", "seed", "paths")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    run: Path
+    base: Path
+    experts: Path
+    bc: Path
+    bc_eval: Path
+    eto: Path
+    compare: Path
+    cache_root: Path
+
+    @classmethod
+    def of(cls, cfg) -> RunLayout:
+        p = cfg.paths
+        return cls(run=Path(p.run), base=Path(p.base), experts=Path(p.experts), bc=Path(p.bc),
+                   bc_eval=Path(p.bc_eval), eto=Path(p.eto), compare=Path(p.compare), cache_root=Path(p.cache))
+
+    @property
+    def bc_policy(self) -> Path:
+        return self.bc / POLICY
+
+    def evaluation(self, tag: str) -> Path:
+        """A policy's evaluations (``<split>/episodes.jsonl``): BC's are shared by a sweep's jobs."""
+        return self.bc_eval if tag == "bc" else self.run / "eval" / tag
+
+    def iteration(self, k: int) -> Path:
+        return self.eto / f"iter{k}"
+
+    @property
+    def eto_result(self) -> Path:
+        return self.eto / RESULT
+
+    def cache(self, kind: str, key: str | None = None) -> Path:
+        """Finished work of ``kind`` (explore, dpo) by content hash, shared by a sweep's jobs."""
+        return self.cache_root / kind / key if key else self.cache_root / kind
+
+
+# -- inside an iteration (or a contrast variant) folder --------------------------------------------
+
+def explore_dir(out: Path) -> Path:
+    return out / "explore"
+
+
+def pairs_file(out: Path) -> Path:
+    return out / "pairs" / PAIRS
+
+
+def dpo_dir(out: Path) -> Path:
+    return out / "dpo"
+
+
+def policy(stage_dir: str | Path) -> Path:
+    """The policy a training stage wrote in ``stage_dir``."""
+    return Path(stage_dir) / POLICY
+
+
+def episodes(folder: Path, split: str | None = None) -> Path:
+    return (folder / split if split else folder) / EPISODES
+
+
+# -- sweeps -----------------------------------------------------------------------------------------
+
+def _swept_overrides(hc) -> list[str]:
+    """This job's overrides of the keys the sweep varies (``-m key=a,b``), e.g. ``eto.dpo.beta=0.5``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(
+        [a for a in sys.argv[1:] if "=" in a and not a.startswith(("-", "hydra."))])
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    return sorted(o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") in swept)
+
+
+def _changes_bc(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key.split(".", 1)[0] in BC_DEPENDS_ON
+
+
+def isolate_sweep_job(cfg) -> None:
+    """Under a Hydra multirun, give each job its own run folder.
+
+    The job's folder is ``<runs>/<run_name>/<its swept overrides>`` (Hydra's ``override_dirname``
+    lists the fixed overrides too and soon exceeds a file name's length). Experts, the tiny
+    model and BC stay shared in ``<runs>/<run_name>`` (trained once, skipped by the next jobs)
+    unless the sweep varies something BC depends on. A plain run is left untouched.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    hc = HydraConfig.get()
+    mine = _swept_overrides(hc)
+    name = ",".join(mine).replace("/", "_")
+    if not name or len(name) > 200:
+        name = f"job{hc.job.num}"
+    shared = cfg.paths.run
+    with open_dict(cfg):
+        cfg.paths.run = f"{shared}/{name}"
+        explicit_base = any(o.startswith("paths.base=") for o in hc.overrides.task)
+        if not explicit_base and not any(_changes_bc(o) for o in mine):
+            cfg.paths.base = shared
