@@ -62,9 +62,14 @@ def test_bc_and_an_eto_iteration_on_two_processes(tmp_path):
     it = run / "eto" / "iter1"
     killed = _run(tmp_path, "eto-iter", 2, ok=False, env={"ETO_TRAIN_KILL_AT": "explore/iter1:2"})
     assert killed.returncode != 0 and json.loads((it / "explore" / "manifest.json").read_text())["status"] == "running"
-    assert "[explore/iter1] rank 1 of 2: playing 3 of 6 episodes" in killed.stdout  # dealt task by task
     assert list((it / "explore" / "shards").glob("rank*.jsonl"))
     proc = _run(tmp_path, "eto-iter", 2)
+    # both ranks played exploration episodes: each was killed at its 2nd of 3 tasks at the latest (rank 0's
+    # kill may stop rank 1 before it printed its share), so each has some left for the rerun
+    assert "[explore/iter1] rank 1 of 2: playing" in killed.stdout + proc.stdout
+    explore_played = _played(it / "explore")
+    assert explore_played["world_size"] == 2 and sorted(explore_played["played"]) == ["0", "1"]
+    assert all(n > 0 for n in explore_played["played"].values()), explore_played
     assert re.search(r"\[explore/iter1\]resuming:\d+episodesalreadyrecorded,\d+togo\(\d+ofthemfromtheshards",
                      "".join(proc.stdout.split())), proc.stdout[-3000:]
     explored = (it / "explore" / "episodes.jsonl").read_text().splitlines()
