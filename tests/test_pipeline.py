@@ -192,7 +192,7 @@ def test_multirun_sweep_gives_each_job_its_folder_and_one_table(toy_run):
     proc = _ok(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300))
     sweep = runs / "toysweep"
     # both jobs explore BC the same way: played once, reused by the second job
-    assert len(list((sweep / "cache" / "explore").iterdir())) == 1 and "already played: reusing" in proc.stdout
+    assert len(list((sweep / "cache" / "explore").iterdir())) == 1 and "[explore/iter1] the same work already ran: reusing" in proc.stdout
     jobs = sorted(p.name for p in sweep.iterdir() if (p / "eto" / "result.json").exists())
     assert jobs == ["eto.dpo.beta=0.1", "eto.dpo.beta=0.5"]
     assert not (sweep / "eto.dpo.beta=0.5" / "bc").exists()  # BC is shared by jobs that do not change it

@@ -39,7 +39,7 @@ from ..distributed import (free_accelerator_memory, is_main, poll, process_start
 from ..envs import Task, make_env
 from ..envs.faults import fault_mark, fault_summary, new_play
 from ..evaluation import evaluate
-from ..manifest import NEXT, Stage, copy_outputs
+from ..manifest import NEXT, Stage
 from ..model.load import is_local, load_model, load_tokenizer
 from ..prompting import PromptConfig
 from ..records import Episode, PolicyRef
@@ -167,9 +167,7 @@ class Rollouts:
         chash, plan = config_hash(stage.config), None
         try:
             cached = share / chash if share is not None else None
-            if cached is not None and is_main() and Stage(name, cached, stage.config, stage.inputs).done(lock=False):
-                console.print(f"[{name}] same policy and config already played: reusing {cached}")
-                stage.adopt(cached, [layout.EPISODES])
+            if cached is not None and is_main() and stage.reuse(cached, [layout.EPISODES]):
                 shutil.rmtree(out / SHARDS, ignore_errors=True)  # an interrupted play's, if any
                 return read_episodes(file)
             if not is_main():
@@ -223,7 +221,7 @@ class Rollouts:
         finally:
             stage.release()  # an error: the next run (of this or another process) may take the stage
         if cached is not None:
-            copy_outputs(out, cached, [layout.EPISODES])
+            stage.publish(cached, [layout.EPISODES])
         return episodes
 
     def _follow(self, name: str, stage: Stage, work: list[WorkItem], keys: list[str]) -> list[Episode]:
