@@ -70,6 +70,10 @@ _ROOM = re.compile(r"You are in the ([^.]+)\.")
 _EXIT = re.compile(r"[Tt]o the (North|South|East|West) you see (?:a closed [^.]*door|the ([^.]+))\.")
 _REVEAL = re.compile(r"revealing the ([^.]+)\.")
 
+# Bumped when the same config yields other transcripts (a finished data folder of an older
+# generator is then made again). 2: multi-room TWC's assignment from the game (twc_places).
+GENERATOR_VERSION = 2
+
 
 # -- settings and seeds ------------------------------------------------------------------------
 

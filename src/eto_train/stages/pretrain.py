@@ -113,9 +113,11 @@ def seed_sets(cfg):
 
 def _data_config(cfg) -> dict[str, Any]:
     """What the transcripts depend on (not where they go, nor how many processes play them)."""
+    from ..pretrain.transcripts import GENERATOR_VERSION
+
     data = {k: v for k, v in to_plain(cfg.pretrain.data).items() if k not in ("dir", "workers")}
     return {"data": data, "prompt": to_plain(cfg.prompt), "seed": cfg.seed,
-            "seeds": seed_sets(cfg).summary()}
+            "seeds": seed_sets(cfg).summary(), "generator": GENERATOR_VERSION}
 
 
 def make_data(cfg, console) -> dict[str, Any]:
