@@ -10,9 +10,10 @@
 3. DPO: precomputed reference log-probs against TRL's on-the-fly reference.
 4. ScienceWorld steps/s: the adapter's fast path against the package's plain ``step()``, same
    gold actions (needs no policy; alone: ``bench.only=sciworld``).
-5. Environment steps/s of one process at a GPU batch size (256 environments stepped round
-   robin, gold actions), TextWorldExpress and ScienceWorld, against what a GPU generate call
-   of that batch leaves them (needs no policy; alone: ``bench.only=envsteps``).
+5. Environment steps/s at a GPU batch size (256 environments stepped round robin, gold
+   actions), TextWorldExpress and ScienceWorld, in one process and in ``bench.envsteps.workers``
+   worker processes (env.workers), against what a GPU generate call of that batch leaves them
+   (needs no policy; alone: ``bench.only=envsteps``).
 6. Data-parallel rollouts: `eto-train eval` on the same policy and episodes as one process
    and under ``torch.distributed.run`` (alone: ``bench.only=data_parallel``).
 
@@ -223,54 +224,98 @@ def _sciworld_rows(t, sw) -> None:
               f"{sw['all_won_both_ways']}; {sw['same_observation_fraction']:.1%}")
 
 
-# -- 5. environment steps/s of one process at a GPU batch size -----------------------------------
+# -- 5. environment steps/s at a GPU batch size: one process, and worker processes ---------------
+def _bench_workers(e) -> list[int]:
+    """``bench.envsteps.workers``, checked: the env.workers values compared (0: one process)."""
+    raw = e.get("workers") or []
+    counts = list(raw) if not isinstance(raw, (str, int)) else None
+    if counts is None or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts) \
+            or len(set(counts)) != len(counts):
+        raise ValueError(f"bench.envsteps.workers={raw!r}: a list of distinct worker counts, each an integer >= 0 "
+                         f"(env.workers; 0: the environments in the benchmark's process), e.g. [0, 2]")
+    return counts
+
+
+def _figures(rs: list[dict], answers: list[list[str]], first: list[str], e, budget) -> dict:
+    rate = statistics.median(r["steps_per_s"] for r in rs)
+    return {"runs": rs, "steps_per_s": rate, "ms_per_env_step": 1000 / rate,
+            "ms_per_step_call": statistics.median(r["ms_per_step"] for r in rs),
+            "round_ms": statistics.median(r["round_ms_median"] for r in rs),
+            "ms_per_reset": statistics.median(1000 * r["first_reset_s"] / r["batch"] for r in rs),
+            "gpu_batch_env_s": e.gpu_batch / rate,  # the environments' time for one call's steps
+            "share_of_generate_call": e.gpu_batch / rate / budget["generate_call_s"],
+            "same_observation_fraction": statistics.mean(sum(a == b for a, b in zip(o, first)) / len(first)
+                                                         for o in answers)}
+
+
 def _envsteps(cfg) -> dict:
     """Per environment: ``batch`` instances in one process, stepped round robin with gold actions
-    for ``rounds`` generate calls, with 1 and more stepping threads (alternated per repeat); the
-    time the environments take for ``gpu_batch`` steps against what one GPU generate call of that
-    many rows leaves them."""
+    (no policy: what a policy's actions cost the simulators) for ``rounds`` generate calls, with 1
+    and more stepping threads; and the same instances in N worker processes for each N of
+    ``workers`` (env.workers, envs/workers.py: a round's steps sent to every worker at once, as
+    the rollout engine sends them). Every set is held at once and the runs alternate in each
+    repeat (drift hits all). The time the environments take for ``gpu_batch`` steps against what
+    one GPU generate call of that many rows leaves them."""
+    from eto_train.envs.workers import hosting, placed
+
     e = cfg.bench.envsteps
+    workers = _bench_workers(e)
     budget = policy_budget(e.gpu_batch, e.assumed_gpu.tokens_per_s, e.assumed_gpu.tokens_per_step)
     out = {"budget": budget, "engine": "rollouts.loop.run_rollouts steps a round's environments one after the other "
            "(eval.overlap_env: in one worker thread, overlapping only the KV engine's decoding; vLLM's "
-           "session answers the whole batch at once, so its environment steps add to every round)", "envs": {}}
+           "session answers the whole batch at once, so its environment steps add to every round); with "
+           "env.workers: N it sends them to N worker processes, which step at once", "envs": {}}
     for name in e.envs:
-        env_cfg = _env_cfg(cfg, name)
+        env_cfg = {**_env_cfg(cfg, name), "workers": 0}
+        batch = e.batch.get(name, e.gpu_batch)
         lister = make_env(env_cfg)
         try:
             tasks = spread(lister.tasks(e.split), e.tasks)
             gold = {t.task_id: lister.expert_actions(t) for t in tasks}  # not timed
         finally:
             lister.close()
-        runs, answers, envs = {n: [] for n in e.step_threads}, {n: [] for n in e.step_threads}, []
-        try:
-            t0 = time.perf_counter()  # start: the instances, their simulators (JVMs start on a first reset), a warm-up round
-            envs += [make_env(env_cfg) for _ in range(e.batch.get(name, e.gpu_batch))]
-            step_envs(envs, tasks, gold, 1)
-            start_s = time.perf_counter() - t0
-            for r in range(e.repeats):
-                for n in list(e.step_threads)[::-1 if r % 2 else 1]:  # alternated, drift hits all
-                    res = step_envs(envs, tasks, gold, e.rounds, threads=n)
-                    answers[n].append(res.pop("observations"))
-                    runs[n].append(res)
-        finally:
-            for env in envs:
-                env.close()
-        first = answers[e.step_threads[0]][0]  # every run's observations against the first serial run's
-        by_threads = {}
-        for n, rs in runs.items():
-            rate = statistics.median(r["steps_per_s"] for r in rs)
-            by_threads[n] = {"runs": rs, "steps_per_s": rate, "ms_per_env_step": 1000 / rate,
-                             "ms_per_step_call": statistics.median(r["ms_per_step"] for r in rs),
-                             "round_ms": statistics.median(r["round_ms_median"] for r in rs),
-                             "ms_per_reset": statistics.median(1000 * r["first_reset_s"] / r["batch"] for r in rs),
-                             "gpu_batch_env_s": e.gpu_batch / rate,  # the environments' time for one call's steps
-                             "share_of_generate_call": e.gpu_batch / rate / budget["generate_call_s"],
-                             "same_observation_fraction": statistics.mean(
-                                 sum(a == b for a, b in zip(o, first)) / len(first) for o in answers[n])}
+        # the runs: ("threads", n) on the set in this process, ("workers", n) on the set in n workers
+        kinds = [("threads", n) for n in e.step_threads]
+        if 0 in workers and 1 not in e.step_threads:
+            kinds.append(("threads", 1))
+        kinds += [("workers", n) for n in workers if n > 0]
+        sets: dict[int, list] = {}  # env.workers -> the instances
+        start: dict[int, float] = {}
+        runs: dict[tuple, list] = {k: [] for k in kinds}
+        answers: dict[tuple, list] = {k: [] for k in kinds}
+        with hosting():
+            try:
+                for n in [0] + [w for w in workers if w > 0]:
+                    # the start: the instances, their simulators (JVMs start on a first reset), a warm-up round
+                    t0 = time.perf_counter()
+                    sets[n] = []
+                    for i in range(batch):
+                        with placed(i):  # with workers: slot i -> worker i % n, as in a rollout
+                            sets[n].append(make_env({**env_cfg, "workers": n}))
+                    step_envs(sets[n], tasks, gold, 1)
+                    start[n] = time.perf_counter() - t0
+                for r in range(e.repeats):
+                    for kind, n in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:  # rotated: drift hits all
+                        envs, threads = (sets[0], n) if kind == "threads" else (sets[n], 1)
+                        res = step_envs(envs, tasks, gold, e.rounds, threads=threads)
+                        answers[kind, n].append(res.pop("observations"))
+                        runs[kind, n].append(res)
+            finally:
+                for envs in sets.values():
+                    for env in envs:
+                        env.close()
+        first = answers[kinds[0]][0]  # every run's observations against the first serial run's
+        fig = {k: _figures(runs[k], answers[k], first, e, budget) for k in kinds}
+        by_workers = {0: {**fig["threads", 1], "start_s": start[0]}} if 0 in workers else {}
+        by_workers.update({n: {**fig["workers", n], "start_s": start[n]} for n in sorted(workers) if n > 0})
+        base = by_workers.get(0, {}).get("steps_per_s")
+        for x in by_workers.values():
+            x["speedup_vs_one_process"] = x["steps_per_s"] / base if base else None
         out["envs"][name] = {"tasks": [t.task_id for t in tasks],
                              "gold_steps": {t.task_id: len(gold[t.task_id]) for t in tasks},
-                             "batch": len(envs), "start_s": start_s, "by_threads": by_threads,
+                             "batch": batch, "start_s": start[0],
+                             "by_threads": {n: fig["threads", n] for n in e.step_threads},
+                             "by_workers": by_workers, "order": [list(k) for k in kinds],
                              "jvm": {k: env_cfg[k] for k in ("heap_mb", "games_per_jvm") if k in env_cfg}}
     return out
 
@@ -283,12 +328,23 @@ def _envsteps_rows(t, es) -> None:
               f">= {b['env_steps_per_s_needed']:.0f} steps/s ({b['ms_per_step_allowed']:.1f} ms/step)")
     for name, r in es["envs"].items():
         rounds = next(iter(r["by_threads"].values()))["runs"][0]["rounds"]
+        repeats = len(next(iter(r["by_threads"].values()))["runs"])
         t.add_row(f"{name}: {r['batch']} envs in one process, {rounds} rounds, {len(r['tasks'])} distinct tasks",
                   f"start + warm-up round {r['start_s']:.1f} s")
         for n, x in r["by_threads"].items():
             t.add_row(f"  {n} stepping thread(s): steps/s; {b['batch']} steps; share of the call; reset",
                       f"{x['steps_per_s']:.0f} ({x['ms_per_env_step']:.1f} ms/step); {x['gpu_batch_env_s']:.2f} s; "
                       f"{x['share_of_generate_call']:.0%}; {x['ms_per_reset']:.1f} ms")
+        for n, x in r.get("by_workers", {}).items():
+            where = "one process (env.workers=0)" if n == 0 else f"env.workers={n}"
+            speed = f"; {x['speedup_vs_one_process']:.2f}x" if n and x["speedup_vs_one_process"] else ""
+            t.add_row(f"  {name}, {r['batch']} envs, {where}: steps/s (median of {repeats}); reset; start",
+                      f"{x['steps_per_s']:.0f} ({x['ms_per_env_step']:.1f} ms/step){speed}; "
+                      f"{x['ms_per_reset']:.1f} ms; {x['start_s']:.1f} s")
+        if len(r.get("by_workers", {})) > 1:
+            same = {n: x["same_observation_fraction"] for n, x in r["by_workers"].items()}
+            t.add_row(f"  {name}: steps with the first run's observation, by env.workers",
+                      ", ".join(f"{n}: {f:.1%}" for n, f in same.items()))
 
 
 # -- 6. data-parallel rollouts: eto-train eval as 1 and N processes -------------------------------

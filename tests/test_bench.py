@@ -49,6 +49,42 @@ def test_step_envs_plays_gold_paths_round_robin(twx_cfg):
     assert threaded["resets"] == serial["resets"]
 
 
+def test_step_envs_in_worker_processes_does_the_same_work(twx_cfg):
+    """env.workers: a round's steps sent to the workers at once, answered as in one process."""
+    from eto_train.envs.workers import hosting, placed
+
+    lister = make_env(twx_cfg)
+    try:
+        # distinct tasks in play at any time: two live games of one task in one TextWorldExpress JVM
+        # interfere (the first one's later actions are "Unknown action"), so which JVM hosts which
+        # game would change the answers
+        tasks = spread(lister.tasks("train"), 12)
+        gold = {t.task_id: lister.expert_actions(t) for t in tasks}
+    finally:
+        lister.close()
+    local = [make_env(twx_cfg) for _ in range(4)]
+    try:
+        serial = step_envs(local, tasks, gold, rounds=6)
+    finally:
+        for env in local:
+            env.close()
+    with hosting() as host:
+        hosted = []
+        for i in range(4):
+            with placed(i):
+                hosted.append(make_env({**twx_cfg, "workers": 2}))
+        try:
+            assert len(host.pids()) == 2 and len({env.pid for env in hosted}) == 2  # slot i -> worker i % 2
+            remote = step_envs(hosted, tasks, gold, rounds=6)
+            with pytest.raises(ValueError, match="one thread"):
+                step_envs(hosted, tasks, gold, rounds=1, threads=2)
+        finally:
+            for env in hosted:
+                env.close()
+    assert remote["observations"] == serial["observations"] and remote["resets"] == serial["resets"] > 0
+    assert remote["gold_paths_won"] == serial["gold_paths_won"]
+
+
 def test_policy_budget_is_the_time_of_one_generate_call():
     b = policy_budget(256, tokens_per_s=5000, tokens_per_step=40)
     assert b["generate_call_s"] == pytest.approx(2.048)

@@ -3,7 +3,8 @@
 - :class:`PlainGenerate`: the policy without its cross-turn KV cache (HF ``generate`` on the
   whole conversation every turn), the baseline of the rollout section at any batch size.
 - :func:`step_envs`: environment steps/s of one process when a rollout at a GPU batch size
-  (256) steps its environments round robin after each generate call.
+  (256) steps its environments round robin after each generate call (in the process, or in
+  worker processes: ``env.workers``).
 - :func:`sciworld_adapter_vs_package`: ScienceWorld's fast path against the package's ``step()``.
 - :func:`comparable_episodes`, :func:`compare_episodes`, :func:`manifest_seconds`: what the
   data-parallel section reads from two evaluations of the same episodes.
@@ -68,14 +69,23 @@ def step_envs(envs: Sequence[Environment], tasks: Sequence[Task], gold: dict[str
     task's next gold action, then resets each environment whose episode ended on the next task
     of the queue (continuous batching). ``threads`` > 1 makes a round's calls from a pool of
     threads (the engine today makes them one after the other), the calls of one ``lane`` (one
-    simulator process) in order in one thread. The same arguments give the same work: the
-    queue is consumed in environment order.
+    simulator process) in order in one thread. Environments in worker processes
+    (:mod:`eto_train.envs.workers`) are stepped as the rollout engine steps them: a round's
+    calls are all sent, then their answers read in order. The same arguments give the same
+    work: the queue is consumed in environment order.
     """
+    from .envs.workers import sends_async
+
     queue = itertools.cycle(tasks)
     at: list[list] = [[None, 0] for _ in envs]  # each environment's task and position in its gold path
+    remote = bool(envs) and sends_async(envs[0])  # environments in worker processes (env.workers)
+    if remote and threads > 1:
+        raise ValueError("step_envs: environments in worker processes are stepped from one thread (threads=1)")
     pool = ThreadPoolExecutor(threads, thread_name_prefix="bench-env") if threads > 1 else None
 
     def run(fn: Callable, jobs: list[tuple[int, Any]]) -> list:  # fn(i, arg) of every job, in job order
+        if remote:  # every call sent first (the workers answer at once), the answers read in order
+            return [then() for then in [fn(i, arg) for i, arg in jobs]]
         if pool is None:
             return [fn(i, arg) for i, arg in jobs]
         lanes: dict[Any, list] = {}
@@ -89,15 +99,22 @@ def step_envs(envs: Sequence[Environment], tasks: Sequence[Task], gold: dict[str
         list(pool.map(play, lanes.values()))
         return out
 
-    def reset(i: int, task: Task) -> None:
-        envs[i].reset(task)
+    def reset(i: int, task: Task):  # remote: the answer, to read later
         at[i] = [task, 0]
+        if remote:
+            return envs[i].reset_async(task).result
+        envs[i].reset(task)
 
-    def step(i: int, _=None) -> tuple[bool, bool, str]:
+    def step(i: int, _=None):
         task, k = at[i]
         path = gold[task.task_id]
-        res = envs[i].step(path[k])
         at[i][1] = k + 1
+        if remote:
+            sent = envs[i].step_async(path[k])
+            return lambda: answer(sent.result(), k, path)
+        return answer(envs[i].step(path[k]), k, path)
+
+    def answer(res, k: int, path: list[str]) -> tuple[bool, bool, str]:
         return res.done or k + 1 >= len(path), res.success, res.observation
 
     try:

@@ -396,6 +396,8 @@ class _Checker:
         self.number("env.dev_holdout", ge=0, integer=True,
                     when=" (training tasks held out as a dev split; 0: none)")
         self.enum("env.metric", METRICS, what="the dev figure that selects ETO iterations")
+        self.number("env.workers", ge=0, integer=True, null="0",
+                    when=" (processes that host a rollout's environments; 0: the rollout's own)")
         faults = self.mapping("env.faults", "{timeout|crash|malformed: {rate: <0..1>, seed: <int>}}",
                               null="no fault injection")
         if faults is not _ABSENT:

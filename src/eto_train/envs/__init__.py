@@ -38,9 +38,15 @@ def make_env(cfg: dict[str, Any]) -> Environment:
     if name not in _REGISTRY:
         raise KeyError(f"env.name: unknown environment {name!r}; registered: {sorted(_REGISTRY)}")
     from .holdout import check_dev_config, wrap_holdout
+    from .workers import hosted_env, worker_count
     check_dev_config(cfg)  # env.dev_holdout / env.splits.dev, before a simulator starts
-    # keys of the wrappers and of model selection (env.metric, read by stages/eto.py), not the adapter's
-    env = _REGISTRY[name](**{k: v for k, v in cfg.items() if k not in ("faults", "dev_holdout", "metric")})
+    if worker_count(cfg) > 0:  # env.workers: inside a rollout, the environment lives in a worker process
+        hosted = hosted_env(cfg)  # (envs/workers.py); elsewhere (task lists, gold paths) it is built here
+        if hosted is not None:
+            return hosted
+    # keys of the wrappers, of the workers and of model selection (env.metric, read by stages/eto.py),
+    # not the adapter's
+    env = _REGISTRY[name](**{k: v for k, v in cfg.items() if k not in ("faults", "dev_holdout", "metric", "workers")})
     env = wrap_holdout(env, cfg)  # env.dev_holdout > 0: a dev split held out of train, see envs/holdout.py
     if cfg.get("faults"):  # env.faults: fault injection (all rates 0 = off), see envs/faults.py
         from .faults import wrap_faults

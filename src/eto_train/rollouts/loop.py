@@ -3,7 +3,10 @@
 A pool of environment instances (one per slot) plays the task queue. Each step renders every
 active conversation with the chat template, left-pads them into one batch and calls
 ``model.generate`` once (KV-cached within the call, greedy unless configured). When an episode
-ends its slot takes the next task (continuous batching), so the batch stays full.
+ends its slot takes the next task (continuous batching), so the batch stays full. With
+``env.workers: N`` the instances live in N worker processes (:mod:`eto_train.envs.workers`,
+slot i in worker i % N): a step's calls (and resets) are sent to them at once and their answers
+read in row order; the episodes are those played in one process.
 
 Written by hand: HF ``generate`` batches a single turn, and vLLM is a GPU engine; no
 maintained library drives multi-turn text environments in lockstep on a CPU.
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..envs.base import Environment, EnvironmentFailure, StepResult, Task
+from ..envs.workers import Ready, hosting, placed, sends_async
 from ..interrupt import interrupted
 from ..prompting import (PromptConfig, first_user_message, fit_prompt, format_action, parse_action,
                          render_observation, rollout_context, system_message)
@@ -151,6 +155,7 @@ class _Stateless:
 @dataclass
 class _Slot:
     env: Environment
+    index: int = 0  # its place in the pool (with env.workers: the worker, index % N)
     item: WorkItem | None = None
     episode: Episode | None = None
     conv: list[dict[str, str]] = field(default_factory=list)
@@ -184,7 +189,10 @@ def run_rollouts(
 ) -> None:
     """Play every item of ``work``; hand each finished episode to ``on_episode``. ``progress``
     (:class:`eto_train.rollouts.progress.RolloutProgress`, whatever the policy's backend) counts each
-    episode once ``on_episode`` has taken it, and each batched step's rows."""
+    episode once ``on_episode`` has taken it, and each batched step's rows.
+
+    With ``env.workers`` > 0 in the env config behind ``make_env``, the environments live in
+    worker processes (:mod:`eto_train.envs.workers`, started here and stopped on the way out)."""
     import torch
 
     if progress is not None:
@@ -193,18 +201,31 @@ def run_rollouts(
     torch.manual_seed(cfg.seed)
     queue = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
     queue.reverse()  # pop() from the end keeps the given order
-    slots = [_Slot(env=make_env()) for _ in range(min(cfg.batch_size, len(queue)))]
-    session = (policy.session() if hasattr(policy, "session") else None) or _Stateless(policy)
-    # One worker thread steps the environments: a row's action goes to its simulator as soon as
-    # the row has finished decoding, while the other rows still decode (torch and the JVM then
-    # use both cores). One worker keeps the environment calls in a fixed order (the order in
-    # which rows finish, itself deterministic), so fault draws and episodes stay reproducible;
-    # only this worker touches an environment while the model runs.
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env") if cfg.overlap_env else _InLine()
-    early = cfg.overlap_env and "on_row" in inspect.signature(session.step).parameters
+    with hosting() as host:
+        _play(queue, make_env, policy, policy_ref, prompt, cfg, on_episode, on_step, progress, host)
+
+
+def _play(queue, make_env, policy, policy_ref, prompt, cfg, on_episode, on_step, progress, host) -> None:
+    slots: list[_Slot] = []
+    worker: Any = _InLine()
     stopping = False  # an error or a Ctrl-C on its way out: stop the simulators without adding to it
     try:
-        active = [s for s in slots if _start_next(s, queue, policy_ref, prompt, cfg, make_env, on_episode)]
+        for i in range(min(cfg.batch_size, len(queue))):
+            slots.append(_Slot(env=_new_env(make_env, i), index=i))
+        # Environments in worker processes (env.workers): each row's call is sent to its worker, the
+        # workers step at once, the answers are read in row order (_Sent). Else one worker thread
+        # steps them (overlap_env): a row's action goes to its simulator as soon as the row has
+        # finished decoding, while the other rows still decode (torch and the JVM then use both
+        # cores). Either way the calls are made in one fixed order (the order in which rows finish,
+        # itself deterministic, or row order), so fault draws and episodes stay reproducible.
+        remote = bool(slots) and sends_async(slots[0].env)
+        session = (policy.session() if hasattr(policy, "session") else None) or _Stateless(policy)
+        if cfg.overlap_env and not remote:
+            worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
+        early = cfg.overlap_env and "on_row" in inspect.signature(session.step).parameters
+        args = (policy_ref, prompt, cfg, make_env, on_episode)
+        starts = [(i, s, _start_next(s, queue, *args, defer=remote)) for i, s in enumerate(slots)]
+        active = [s for _, s in _settle(starts, queue, args)]
         for _ in active:
             session.add_row()
         while active:
@@ -213,7 +234,9 @@ def run_rollouts(
             def submit(row: int, text: str, rows=active, pending=pending) -> None:
                 action = parse_action(text)
                 if action is not None:
-                    pending[row] = worker.submit(_env_step, rows[row], cfg, make_env, action)
+                    slot = rows[row]
+                    pending[row] = _send_step(slot, cfg, make_env, action) if remote else \
+                        worker.submit(_env_step, slot, cfg, make_env, action)
 
             t0 = time.perf_counter()
             outs = session.step([s.conv for s in active], on_row=submit) if early else \
@@ -224,11 +247,14 @@ def run_rollouts(
                     submit(row, text)
             kept, restarted = [], []
             for row, (slot, (text, n_prompt, n_new, dropped)) in enumerate(zip(active, outs)):
-                result = pending[row].result() if row in pending else None
+                result = _answer(pending[row]) if row in pending else None
                 if _advance(slot, text, result, n_prompt, n_new, dropped, latency, prompt, on_episode):
                     kept.append((row, slot))  # same episode: its cache row continues
-                elif _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode):
-                    restarted.append((row, slot))
+                else:
+                    started = _start_next(slot, queue, *args, defer=remote)
+                    if started:
+                        restarted.append((row, slot, started))
+            restarted = _settle(restarted, queue, args)
             session.keep([row for row, _ in kept])
             for _ in restarted:
                 session.add_row()  # a new episode starts with an empty cache row
@@ -242,9 +268,18 @@ def run_rollouts(
         raise
     finally:
         # Episodes already handed to on_episode are recorded; the ones in play are dropped (a
-        # rerun plays them again). Environment steps not started yet are cancelled.
+        # rerun plays them again). Environment steps not started yet are cancelled; worker
+        # processes stopping on an error close their environments themselves.
         worker.shutdown(wait=True, cancel_futures=stopping)
+        if stopping:
+            host.stop()
         _close_all([s.env for s in slots], quiet=stopping)
+
+
+def _new_env(make_env: Callable[[], Environment], index: int) -> Environment:
+    """A fresh environment for slot ``index`` (with env.workers: in worker ``index % N``)."""
+    with placed(index):
+        return make_env()
 
 
 def _counted(on_episode: Callable[[Episode], None], progress: RolloutProgress) -> Callable[[Episode], None]:
@@ -292,32 +327,102 @@ def _env_step(slot, cfg, make_env, action: str):
         return exc
 
 
-def _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
-    """Reset the slot's env on the next task; False when the queue is empty."""
+def _answer(pending):
+    """A sent step's answer, or the exhausted-retries error."""
+    try:
+        return pending.result()
+    except _RetriesExhausted as exc:
+        return exc
+
+
+class _Sent:
+    """A call sent to a worker process (``send(env)`` returns its pending answer); ``result()``
+    is the answer, recovered as :func:`_call` recovers an in-process call (``fn(env)`` on a fresh
+    instance), or raises :class:`_RetriesExhausted`. A call that fails as it is sent (a fault
+    injected in this process, a worker gone) is recovered at once, at its place among the
+    rollout's calls, as in process."""
+
+    def __init__(self, slot, cfg, make_env, send, fn) -> None:
+        self.slot, self.cfg, self.make_env, self.fn = slot, cfg, make_env, fn
+        try:
+            self.pending = send(slot.env)
+        except EnvironmentFailure as exc:
+            self.pending = Ready(error=exc)
+            self.result()  # raises _RetriesExhausted when every retry fails
+
+    def result(self):
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.value = _call(self.slot, self.cfg, self.make_env, self.fn, first=pending.result)
+        return self.value
+
+
+def _send_step(slot, cfg, make_env, action: str):
+    try:
+        return _Sent(slot, cfg, make_env, lambda env: env.step_async(action), lambda env: env.step(action))
+    except _RetriesExhausted as exc:
+        return Ready(exc)
+
+
+def _start_next(slot, queue, policy_ref, prompt, cfg, make_env, on_episode, defer: bool = False):
+    """Reset the slot's env on the next task; False when the queue is empty. ``defer``
+    (environments in worker processes): a reset may be left on its way, a :class:`_Starting`."""
     while queue:
         slot.item = queue.pop()
-        if _reset(slot, policy_ref, prompt, cfg, make_env, on_episode):
-            return True
+        started = _reset(slot, policy_ref, prompt, cfg, make_env, on_episode, defer)
+        if started:
+            return started
     return False
 
 
-def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
+def _settle(starts, queue, args) -> list:
+    """(key, slot) of each start of ``starts`` (key, slot, True or a _Starting) that plays, in
+    order; a slot whose reset on its way failed takes the next task of the queue now."""
+    out = []
+    for key, slot, started in starts:
+        while isinstance(started, _Starting):
+            started = started.finish() or _start_next(slot, queue, *args)
+        if started:
+            out.append((key, slot))
+    return out
+
+
+class _Starting:
+    """A slot's episode whose reset was sent to a worker process; ``finish()`` as :func:`_reset`."""
+
+    def __init__(self, slot, sent: _Sent, on_episode) -> None:
+        self.slot, self.sent, self.on_episode = slot, sent, on_episode
+
+    def finish(self) -> bool:
+        try:
+            first = self.sent.result()
+        except _RetriesExhausted as exc:
+            first = exc
+        return _begin(self.slot, self.slot.item, first, self.on_episode)
+
+
+def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode, defer: bool = False):
+    """Start the slot's episode on ``slot.item``: True when it plays, False when it ended as an
+    environment failure. ``defer`` and no expert prefix: the reset is sent and a
+    :class:`_Starting` returned, which says so once the answer is in."""
     task, item = slot.item.task, slot.item
-    sys_msg = system_message(prompt, slot.env.action_forms(task.game))
     ep = Episode(
         episode_id=item.key(policy_ref.id, cfg.seed),
         task_id=task.task_id, env=task.env, game=task.game, fold=task.fold, seed=task.seed,
         split=task.split, env_version=slot.env.version, policy=policy_ref,
-        prompt_version=prompt.version, system=sys_msg["content"], opening=prompt.opening, first_user="",
-        instruction="", first_observation="", sample_index=item.sample_index,
-        env_params={"max_steps": slot.env.max_steps(task), "expert_prefix": len(item.prefix)})
+        prompt_version=prompt.version, system="", opening=prompt.opening, first_user="",
+        instruction="", first_observation="", sample_index=item.sample_index)
     slot.episode, slot.conv, slot.prompt = ep, [], prompt
     try:
-        instruction, first = _call(slot, cfg, make_env, lambda env: env.reset(task))
-        user = first_user_message(prompt, instruction, first.observation)
-        ep.instruction, ep.first_observation, ep.first_user = instruction, first.observation, user["content"]
-        slot.conv = rollout_context(prompt, ep.system, user["content"])
-        slot.valid_actions, slot.reward = first.valid_actions, first.reward
+        if defer and not item.prefix:
+            return _Starting(slot, _Sent(slot, cfg, make_env, lambda env: env.reset_async(task),
+                                         lambda env: env.reset(task)), on_episode)
+        first = _call(slot, cfg, make_env, lambda env: env.reset(task))
+    except _RetriesExhausted as exc:
+        first = exc
+    if not _begin(slot, item, first, on_episode):
+        return False
+    try:
         for action in item.prefix:  # the expert's steps, replayed
             res = _call(slot, cfg, make_env, lambda env: env.step(action))
             _record(slot, format_action(action), action, action in (slot.valid_actions or [action]), res, 0.0, 0, 0, 0)
@@ -325,6 +430,26 @@ def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode) -> bool:
         return _env_failed(slot, exc, on_episode)
     if ep.steps and (ep.steps[-1].done or len(ep.steps) >= slot.env.max_steps(task)):
         raise ValueError(f"{task.task_id}: expert prefix of {len(item.prefix)} steps already ends the episode")
+    return True
+
+
+def _begin(slot, item, first, on_episode) -> bool:
+    """The episode's opening from the reset's answer ``first`` (instruction, first observation),
+    or its end as an environment failure when ``first`` is the exhausted-retries error."""
+    ep, task, prompt = slot.episode, item.task, slot.prompt
+    try:  # what the game tells the agent (asked after the reset: a worker answers both in one go)
+        ep.system = system_message(prompt, slot.env.action_forms(task.game))["content"]
+        ep.env_params = {"max_steps": slot.env.max_steps(task), "expert_prefix": len(item.prefix)}
+    except EnvironmentFailure:  # only a worker that died under a failed reset cannot say
+        if not isinstance(first, _RetriesExhausted):
+            raise
+    if isinstance(first, _RetriesExhausted):
+        return _env_failed(slot, first, on_episode)
+    instruction, first = first
+    user = first_user_message(prompt, instruction, first.observation)
+    ep.instruction, ep.first_observation, ep.first_user = instruction, first.observation, user["content"]
+    slot.conv = rollout_context(prompt, ep.system, user["content"])
+    slot.valid_actions, slot.reward = first.valid_actions, first.reward
     return True
 
 
@@ -342,8 +467,9 @@ def _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped) -
     slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
 
 
-def _call(slot, cfg, make_env, fn):
-    """``fn(env)`` on the slot's environment, recovering from environment failures.
+def _call(slot, cfg, make_env, fn, first=None):
+    """``fn(env)`` on the slot's environment, recovering from environment failures (the first
+    attempt's answer is ``first()`` when given: a call already sent).
 
     Each failure is logged in the episode (``env_errors``); the instance is replaced by a fresh
     one, the episode so far is rebuilt on it (reset and the recorded actions replayed, each
@@ -360,6 +486,8 @@ def _call(slot, cfg, make_env, fn):
             if attempt:
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))  # backoff before trying the call again
                 _rebuild(slot)
+            elif first is not None:  # the call was sent already (to a worker process): its answer
+                return first()
             return fn(slot.env)
         except EnvironmentFailure as exc:
             if interrupted():  # a call cut short by Ctrl-C: stop, do not start another simulator
@@ -369,7 +497,7 @@ def _call(slot, cfg, make_env, fn):
                 slot.env.close()
             except Exception:  # a crashed instance may not close cleanly; it is discarded anyway
                 pass
-            slot.env = make_env()
+            slot.env = _new_env(make_env, slot.index)
     raise _RetriesExhausted(f"{ep.env_errors[-1]} (after {cfg.env_retries} retries)")
 
 

@@ -153,8 +153,8 @@ class Rollouts:
         # The work list's hash names the tasks played; the other splits' definitions are left out
         # so that adding a held-out split does not invalidate (and replay) every evaluation.
         # the work hash lists the tasks: how splits are drawn (splits, dev_holdout) and how dev
-        # is scored (metric) do not change an episode
-        env_scope = {k: v for k, v in self.env_cfg.items() if k not in ("splits", "dev_holdout", "metric")}
+        # is scored (metric) and how many processes step the environments (workers) do not change an episode
+        env_scope = {k: v for k, v in self.env_cfg.items() if k not in ("splits", "dev_holdout", "metric", "workers")}
         stage = Stage(name, out, {"env": env_scope, "prompt": to_plain(self.cfg.prompt), "seed": self.cfg.seed,
                                   "sampling": self.sampling, "policy": self.ref.id,
                                   "work": config_hash(keys),

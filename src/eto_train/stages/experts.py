@@ -31,7 +31,7 @@ def run(cfg) -> None:
     out = Path(cfg.paths.experts)
     # Only what shapes the expert data: adding a held-out split does not redo it.
     # (dev_holdout shapes the training split; 0, the default, leaves the hash of earlier runs as it was)
-    scope = {k: env_cfg[k] for k in env_cfg if k not in ("splits", "faults", "metric")
+    scope = {k: env_cfg[k] for k in env_cfg if k not in ("splits", "faults", "metric", "workers")
              and not (k == "dev_holdout" and not env_cfg[k])} | {"train_split": env_cfg["splits"]["train"]}
     if source == "gold":
         stage = Stage("experts", out.parent, {"env": scope, "prompt": to_plain(cfg.prompt), "source": source})
