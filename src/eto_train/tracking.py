@@ -54,7 +54,7 @@ def start(stage: str, stage_config: dict[str, Any], folder: str | os.PathLike | 
         rel = os.path.relpath(os.path.abspath(folder), os.path.abspath(_settings["dir"]))
         name = stage if rel.startswith("..") else rel.replace(os.sep, "/")
 
-    finish(exit_code=1) if _run is not None else None  # a stage that never finished
+    finish(exit_code=1)  # a run still open: its stage never finished (no-op when none is)
     os.makedirs(_settings["dir"], exist_ok=True)
     _run = wandb.init(mode=_settings["mode"], project=_settings["project"], group=_settings["group"],
                       job_type=stage.split("/")[0], name=f"{_settings['group']}/{name}", dir=_settings["dir"],
