@@ -329,6 +329,7 @@ def test_pretrain_stage_writes_a_loadable_base_with_card_and_probes(whole):
     for needle in ("eto-train pretrain <toy overrides>", "| detour |", "| gold |", "| random |", "optimizer steps",
                    "![loss curve](loss.png)", "Reading probes", "| 4 | 1,024 |", "mapreader", "tokens/s"):
         assert needle in card, needle
+    assert f"- `model.safetensors` `{_weights(model_dir)}`" in card  # a rebuild is checked against the card
     assert (model_dir / "loss.png").stat().st_size > 1000
     progress = json.loads((out / "progress.json").read_text())
     assert progress["step"] == 4 and progress["last_probe"]["step"] == 4

@@ -64,7 +64,7 @@ def write_card(path: str | Path, info: dict[str, Any]) -> None:
     """``info``: name, command, parameters, arch, vocab_size, seq_len, data (the data stage's
     summary), settings, seeds, tokens (train/heldout), train (config), steps, tokens_seen,
     seconds (data, tokens, train, total), tokens_per_second, final_loss, log_history, threads,
-    resumed_from, loss_png."""
+    resumed_from, loss_png, sha256 (file name -> hex digest of the base's files)."""
     data, tr = info["data"], info["train"]
     lines = [
         f"# {info['name']}: a text-game base model pretrained from scratch",
@@ -142,4 +142,9 @@ def write_card(path: str | Path, info: dict[str, Any]) -> None:
         *probe_table(info["log_history"]),
         "",
     ]
+    if info.get("sha256"):
+        lines += ["## Files", "",
+                  "A rebuild by the command above is the same base when these hashes match (`sha256sum`):", ""]
+        lines += [f"- `{name}` `{digest}`" for name, digest in info["sha256"].items()]
+        lines.append("")
     Path(path).write_text("\n".join(lines))

@@ -263,6 +263,7 @@ def run(cfg, command: str | None = None) -> None:
         "tokens_per_second": tps, "final_loss": losses[-1] if losses else None, "log_history": history,
         "threads": _threads(), "resumed_from": Path(ckpt).name if ckpt else None, "loss_png": "loss.png",
         "model_dir": str(out / "model"),
+        "sha256": {name: _sha256sum(model_dir / name) for name in ("model.safetensors", "tokenizer.json")},
     }
     write_card(model_dir / "MODEL_CARD.md", info)
     last = probe_rows[-1] if probe_rows else {}
@@ -277,6 +278,13 @@ def run(cfg, command: str | None = None) -> None:
     stage.finish(metrics, output=str(out / "model"), command=info["command"])
     console.print(f"[pretrain] {result.global_step} steps, final loss {info['final_loss'] if losses else float('nan'):.4f}, "
                   f"{tps:,.0f} tokens/s -> {out / 'model'} (MODEL_CARD.md)")
+
+
+def _sha256sum(path: Path) -> str:
+    """What ``sha256sum`` prints for the file (store.file_sha256 also hashes the name)."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _threads() -> int:
