@@ -15,7 +15,7 @@ import psutil
 import pytest
 from omegaconf import OmegaConf
 
-from eto_train.envs import EnvironmentFailure, EnvironmentTimeout, StepResult, Task, make_env
+from eto_train.envs import EnvironmentFailure, EnvironmentTimeout, make_env
 from eto_train.envs.faults import INJECTED, fault_mark, new_play
 from eto_train.envs.workers import FaultyWorkerEnv, WorkerEnv, WorkerPool, live_worker_pids
 from eto_train.model.load import load_model, load_tokenizer, policy_ref
@@ -23,56 +23,16 @@ from eto_train.prompting import PromptConfig
 from eto_train.records import PolicyRef
 from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
 
+import goal_env
+
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = {"timeout": {"rate": 0.08, "seed": 0}, "crash": {"rate": 0.08, "seed": 1},
           "malformed": {"rate": 0.08, "seed": 2}}
 REF = PolicyRef(id="scripted@0")
 
 
-# -- a small deterministic game, importable by a spawned worker (this module) -----------------------
-class GoalEnv:
-    """Three 'go' in a row win. Seeds in ``crash_seeds`` crash on every reset; ``bad_seed``
-    raises a ValueError (a data error, not the simulator's); the action 'hang' never returns."""
-
-    name = "goal"
-    version = "goal-1"
-    crash_seeds: tuple[int, ...] = ()
-    bad_seed: int | None = None
-
-    def __init__(self):
-        self.t = self.progress = 0
-
-    def tasks(self, split):
-        return [Task("goal", "g", "train", s, split) for s in range(10)]
-
-    def max_steps(self, task):
-        return 5
-
-    def action_forms(self, game):
-        return ["go", "wait"]
-
-    def reset(self, task, **_):
-        if task.seed in self.crash_seeds:
-            raise EnvironmentFailure(f"simulator died on seed {task.seed}")
-        if task.seed == self.bad_seed:
-            raise ValueError(f"no such variation {task.seed}")
-        self.t = self.progress = 0
-        return f"Reach goal {task.seed}.", StepResult("start", 0.0, False, False, valid_actions=["go", "wait"])
-
-    def step(self, action):
-        if action == "hang":
-            time.sleep(60)
-        self.t += 1
-        if action == "go" and self.progress == self.t - 1:
-            self.progress += 1
-        won = self.progress == 3
-        return StepResult(f"step {self.t} (pid-free)", self.progress / 3, won, won, valid_actions=["go", "wait"])
-
-    def expert_actions(self, task):
-        return ["go"] * 3
-
-    def close(self):
-        pass
+class GoalEnv(goal_env.GoalEnv):
+    n_tasks = 10
 
 
 class CrashyGoalEnv(GoalEnv):

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from eto_train.envs import EnvironmentFailure, EnvironmentTimeout, StepResult, Task, make_env
+from eto_train.envs import EnvironmentFailure, EnvironmentTimeout, StepResult, make_env
 from eto_train.envs.faults import (
     FaultConfig,
     FaultLedger,
@@ -25,46 +25,7 @@ from eto_train.prompting import PromptConfig
 from eto_train.records import NOT_POLICY_FAULT, PolicyRef
 from eto_train.rollouts.loop import RolloutConfig, WorkItem, run_rollouts
 
-GOLD = ["go", "go", "go"]
-
-
-class GoalEnv:
-    """Three 'go' in a row win; the score is the share of the gold path done so far."""
-
-    name = "goal"
-    version = "goal-1"
-
-    def __init__(self, garbage_at: int | None = None):
-        self.t, self.progress, self.garbage_at = 0, 0, garbage_at
-
-    def tasks(self, split):
-        return [Task("goal", "g", "train", s, split) for s in range(24)]
-
-    def max_steps(self, task):
-        return 5
-
-    def action_forms(self, game):
-        return ["go", "wait"]
-
-    def reset(self, task, **_):
-        self.t = self.progress = 0
-        return f"Reach goal {task.seed}.", StepResult("start", 0.0, False, False, valid_actions=["go", "wait"])
-
-    def step(self, action):
-        self.t += 1
-        if self.garbage_at == self.t:
-            return StepResult(None, 0.0, False, False)  # a real simulator answering garbage
-        if action == "go" and self.progress == self.t - 1:
-            self.progress += 1
-        won = self.progress == len(GOLD)
-        return StepResult(f"step {self.t}", self.progress / len(GOLD), won, won, valid_actions=["go", "wait"])
-
-    def expert_actions(self, task):
-        return list(GOLD)
-
-    def close(self):
-        pass
-
+from goal_env import GoalEnv
 
 class RandomPolicy:
     """Says 'go' or 'wait' at random (seeded): a policy that wins, loses and half-wins."""
