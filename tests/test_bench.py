@@ -27,13 +27,18 @@ def test_batched_generate_answers_each_conversation_as_it_answers_it_alone(tiny_
     assert len({r[1] for r in batched}) == 3  # the prompts did differ in length
 
 
-def test_step_envs_plays_gold_paths_round_robin(twx_cfg):
+def _tasks_and_gold(twx_cfg, n):
+    """``n`` training tasks spread over the games, and each one's gold path."""
     lister = make_env(twx_cfg)
     try:
-        tasks = spread(lister.tasks("train"), 3)
-        gold = {t.task_id: lister.expert_actions(t) for t in tasks}
+        tasks = spread(lister.tasks("train"), n)
+        return tasks, {t.task_id: lister.expert_actions(t) for t in tasks}
     finally:
         lister.close()
+
+
+def test_step_envs_plays_gold_paths_round_robin(twx_cfg):
+    tasks, gold = _tasks_and_gold(twx_cfg, 3)
     assert [t.game for t in tasks] == ["sorting", "arithmetic", "sorting"]  # each game in turn
     envs = [make_env(twx_cfg) for _ in range(4)]
     try:
@@ -53,15 +58,10 @@ def test_step_envs_in_worker_processes_does_the_same_work(twx_cfg):
     """env.workers: a round's steps sent to the workers at once, answered as in one process."""
     from eto_train.envs.workers import hosting, placed
 
-    lister = make_env(twx_cfg)
-    try:
-        # distinct tasks in play at any time: two live games of one task in one TextWorldExpress JVM
-        # interfere (the first one's later actions are "Unknown action"), so which JVM hosts which
-        # game would change the answers
-        tasks = spread(lister.tasks("train"), 12)
-        gold = {t.task_id: lister.expert_actions(t) for t in tasks}
-    finally:
-        lister.close()
+    # distinct tasks in play at any time: two live games of one task in one TextWorldExpress JVM
+    # interfere (the first one's later actions are "Unknown action"), so which JVM hosts which
+    # game would change the answers
+    tasks, gold = _tasks_and_gold(twx_cfg, 12)
     local = [make_env(twx_cfg) for _ in range(4)]
     try:
         serial = step_envs(local, tasks, gold, rounds=6)
