@@ -197,11 +197,14 @@ def test_a_killed_control_resumes_from_its_checkpoint_to_the_uninterrupted_weigh
 
 
 def test_qlora_control_on_a_cpu_stops_before_writing(setup, tmp_path, monkeypatch):
+    import sys
+
     import torch
 
     from eto_train.stages import compare
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # with it, QLoRA runs on a CPU (tests/test_master_weights.py)
     cfg = _compose(setup["overrides"] + ["+model.quantization={load_in_4bit:true}"])
     with pytest.raises(RuntimeError, match=r"model.quantization .* needs a CUDA GPU"):
         compare.sft_control(cfg, setup["policy"], setup["pairs"], setup["trained"], setup["variant"], tmp_path / "control")

@@ -139,11 +139,14 @@ def test_4bit_knob_maps_to_bitsandbytes_keywords(searchpath):
 
 
 def test_4bit_on_a_cpu_says_what_it_needs(tmp_path, monkeypatch):
+    import sys
+
     import torch
 
     from eto_train.model.load import load_model
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # with it, QLoRA runs on a CPU (tests/test_master_weights.py)
     from safetensors.torch import save_file
 
     (tmp_path / "config.json").write_text("{}")
@@ -236,7 +239,8 @@ def test_accelerate_configs_load_as_accelerate_reads_them():
 
     fsdp = load_config_from_file(str(CONFIGS / "accelerate" / "fsdp.yaml"))
     assert fsdp.distributed_type == "FSDP" and fsdp.mixed_precision == "bf16"
-    assert fsdp.fsdp_config["fsdp_version"] == 2 and fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    assert fsdp.fsdp_config["fsdp_version"] == 2 and fsdp.fsdp_config["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+    assert fsdp.fsdp_config["fsdp_cpu_ram_efficient_loading"] is True  # rank 0 reads, the others get a broadcast
     ds = load_config_from_file(str(CONFIGS / "accelerate" / "deepspeed_zero3.yaml"))
     assert ds.distributed_type == "DEEPSPEED" and ds.deepspeed_config["zero_stage"] == 3
     assert ds.deepspeed_config["zero3_save_16bit_model"] is True

@@ -110,8 +110,12 @@ def test_sciworld_experiment_runs_bc_eto_iter_eval_on_its_family(name, fixtures,
 
 
 @pytest.mark.parametrize("name", [e for e in EXPERIMENTS if "qlora" in e])
-def test_qlora_experiment_stops_with_a_clear_error_before_writing(name, fixtures, tmp_path):
+def test_qlora_experiment_stops_with_a_clear_error_before_writing(name, fixtures, tmp_path, monkeypatch):
+    import sys
+
     from eto_train.stages import bc, experts
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # with it, QLoRA runs on a CPU (tests/test_master_weights.py)
 
     cfg = _compose(overrides(name, fixtures, tmp_path / "no-alfworld-data-needed", tmp_path))
     if cfg.env.name == "sciworld":

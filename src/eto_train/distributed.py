@@ -41,6 +41,90 @@ def local_device() -> str:
     return "cpu"
 
 
+def fsdp_enabled() -> bool:
+    """This process was started by ``accelerate launch`` with an FSDP config (the variable the
+    launcher sets from ``distributed_type: FSDP``; the Trainer does not exist yet when it is read)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and world_size() > 1
+
+
+def fsdp_on_cpu() -> bool:
+    """Make an FSDP config shard on a CPU too (FSDP2 over gloo), for rehearsing the GPU path here.
+
+    accelerate 1.15 keeps the FSDP plugin only for accelerator back-ends: AcceleratorState turns FSDP
+    on when the distributed type is MULTI_GPU, MULTI_NPU, ... (accelerate/state.py:986-1015), a list
+    without MULTI_CPU, so on a CPU ``--config_file configs/accelerate/fsdp.yaml`` silently trains plain
+    DDP. Under ``accelerate launch`` with FSDP and no CUDA, this sets the type and the plugin after the
+    state is built as that branch would (a later ``AcceleratorState()`` copies PartialState's type back,
+    state.py:913, so both are set). Called by ``runtime.setup_runtime``; a no-op elsewhere. Returns
+    whether it applied."""
+    import torch
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or torch.cuda.is_available():
+        return False
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    init = AcceleratorState.__init__
+    if getattr(init, "_eto_fsdp_on_cpu", False):
+        return True
+
+    def patched(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = self.distributed_type  # as state.py:1037
+
+    patched._eto_fsdp_on_cpu = True
+    AcceleratorState.__init__ = patched
+    return True
+
+
+def loads_weights(model_cfg: dict) -> bool:
+    """False where a training process gets the policy's weights by broadcast instead of reading them.
+
+    With ``fsdp_cpu_ram_efficient_loading: true`` accelerate shards the model on the meta device
+    and broadcasts the main process's weights into every shard (accelerate/utils/fsdp_utils.py:
+    830-844 and 887-895, ``fsdp2_load_full_state_dict`` :574-664: the other ranks only need shapes
+    and dtypes). transformers 5.24 still reads every weight on every rank under that setting (its
+    ``is_fsdp_enabled`` paths, modeling_utils.py:4862 and 4898, only skip missing-key init), so the
+    other ranks build the model empty instead (:func:`empty_model`). Full fine-tuning only:
+    a 4-bit base is not loaded that way by accelerate either (fsdp_utils.py:830), and LoRA keeps the
+    ordinary path."""
+    if not fsdp_enabled() or model_cfg.get("quantization") or model_cfg.get("lora"):
+        return True
+    if os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() != "true":
+        return True
+    return is_main()  # accelerate broadcasts from the main process (global rank 0) only
+
+
+def empty_model(path: str, dtype: str = "float32", trust_remote_code: bool = False, quantization=None, **kwargs):
+    """The model at ``path`` with its parameters uninitialised (no weight is read) and its
+    buffers real (rotary frequencies are not in the checkpoint, and accelerate re-registers the
+    non-persistent ones after sharding, fsdp_utils.py:836-841 and 897-900); for :func:`loads_weights`."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype),
+                                                 trust_remote_code=trust_remote_code, **kwargs)
+    # Uninitialised CPU storage, not meta: accelerate maps the optimizer's parameters to their shards by
+    # data_ptr (accelerator.py:1713-1766; every meta tensor's is 0) and expects "torch.empty" on the other
+    # ranks (fsdp_utils.py:833). Untouched pages of a large empty tensor take no host memory.
+    buffers = {n: b for n, b in model.named_buffers()}
+    model.to_empty(device="cpu")
+    for name, b in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner).register_buffer(leaf, b, persistent=leaf not in
+                                                   model.get_submodule(owner)._non_persistent_buffers_set)
+    model.tie_weights()  # meta -> cpu makes new parameters, one per module: a tied head is tied again
+    return model
+
+
 def grad_accum(train: dict) -> int:
     """Gradient accumulation that reaches ``effective_batch`` over all processes.
 
@@ -113,9 +197,20 @@ def wait_for_manifest(manifest: str | os.PathLike, config_hash: str, poll_s: flo
 
 
 def free_accelerator_memory() -> None:
-    """Drop a finished trainer's or engine's GPU memory before the next model loads."""
+    """Drop a finished trainer's or engine's GPU memory before the next model loads, and its
+    ZeRO-3 switch: a DeepSpeed Trainer registers its config globally (transformers/integrations/
+    deepspeed.py:270-275, alive as long as the trainer), and while it is set every ``from_pretrained``
+    builds the model inside ``deepspeed.zero.Init`` (modeling_utils.py:3820-3831), a collective: the
+    rollout that follows a training stage loads its policy on the main process first and hung
+    there (seen with ZeRO-3 on two CPU processes: eto-iter's dev evaluation after DPO)."""
     import gc
 
+    try:
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+    except ImportError:
+        pass
     gc.collect()
     try:
         import torch

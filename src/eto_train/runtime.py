@@ -33,6 +33,9 @@ def setup_runtime(threads: int) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's reference pass uses a bare tqdm
     torch.set_num_threads(int(threads))
+    from .distributed import fsdp_on_cpu
+
+    fsdp_on_cpu()  # an FSDP config on a CPU (the rehearsal) shards for real instead of falling back to DDP
     # One rich display per stage: silence the libraries' own tqdm bars.
     import datasets
     import transformers

@@ -160,18 +160,71 @@ def bnb_kwargs(quantization: dict[str, Any], dtype: str) -> dict[str, Any]:
 
 
 def check_quantization(quantization: dict[str, Any] | None) -> None:
-    """A clear error, before a stage touches anything, for QLoRA where it cannot run."""
+    """A clear error, before a stage touches anything, for QLoRA where it cannot run.
+
+    On a CUDA GPU it needs bitsandbytes; on a CPU, bitsandbytes' CPU backend (bitsandbytes
+    0.50.2 was tested here: nf4 load, LoRA forward, backward and AdamW step run on torch 2.13's CPU
+    build; its 4-bit kernels are registered in ``bitsandbytes/backends/cpu/ops.py``). The CPU
+    check asks the library itself: a 4-bit quantization of a small tensor on the CPU."""
     if not quantization:
         return
     from ..distributed import local_device
 
-    if not local_device().startswith("cuda"):
-        raise RuntimeError("model.quantization (bitsandbytes 4-bit, QLoRA) needs a CUDA GPU; "
-                           "set model.quantization=null on a CPU")
+    on_gpu = local_device().startswith("cuda")
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
+        if not on_gpu:
+            raise RuntimeError("model.quantization (bitsandbytes 4-bit, QLoRA) needs a CUDA GPU, or bitsandbytes "
+                               "with its CPU backend on a CPU (pip install -e '.[gpu]'); or set "
+                               "model.quantization=null") from exc
         raise ImportError("model.quantization needs bitsandbytes: pip install -e '.[gpu]'") from exc
+    if not on_gpu:
+        import torch
+        from bitsandbytes.functional import quantize_4bit
+
+        try:
+            quantize_4bit(torch.ones(64, dtype=torch.bfloat16), blocksize=64, quant_type="nf4")
+        except Exception as exc:  # noqa: BLE001 - any failure of the library's CPU op is the same verdict
+            raise RuntimeError(f"model.quantization (bitsandbytes 4-bit, QLoRA) needs a CUDA GPU, or a bitsandbytes "
+                               f"whose CPU backend quantizes to 4 bits (bitsandbytes {bitsandbytes.__version__} "
+                               f"here: {type(exc).__name__}: {exc}); set model.quantization=null on this "
+                               f"CPU") from None
+
+
+def train_dtype(model_cfg: dict[str, Any]) -> str:
+    """The dtype a training stage loads the policy in, from the ``model`` section.
+
+    Full fine-tuning: float32 whatever ``model.dtype`` is. The loaded weights are the optimizer's
+    (master) weights and ``bf16: true`` in the trainer only turns on autocast (bf16 compute);
+    weights held in bf16 would lose every update under half a bf16 step (about 6e-5 near 0.02,
+    more than a step at lr 1e-6..2e-5). LoRA / QLoRA: ``model.dtype`` for the frozen base (or its
+    4-bit compute dtype); the adapters are held in float32 (:func:`fp32_trainable`).
+    Rollouts and the saved policy keep ``model.dtype``."""
+    return model_cfg["dtype"] if model_cfg.get("lora") else "float32"
+
+
+def fp32_trainable(model) -> int:
+    """Hold every trainable parameter in float32 (the optimizer's master weights); returns how
+    many tensors were cast. Call it on the trainer's model before training starts (the optimizer
+    is created in ``train()``).
+
+    PEFT already creates LoRA adapters in float32 over a 16-bit base (``get_peft_model(...,
+    autocast_adapter_dtype=True)``, peft/mapping_func.py:110, peft/tuners/tuners_utils.py:2705),
+    but TRL 1.16 casts the adapters of a quantized (QLoRA) base back to bf16
+    (trl/trainer/sft_trainer.py:908-911, trl/trainer/dpo_trainer.py:726-729), where an adapter
+    update at lr 1e-5 is below half a bf16 step. Under DeepSpeed ZeRO-3 TRL keeps bf16 adapters
+    on purpose (sft_trainer.py:856-857, dpo_trainer.py:650-651) and DeepSpeed keeps its own fp32 masters,
+    so the caller skips this there; FSDP2 upcasts trainable parameters itself
+    (accelerate/utils/fsdp_utils.py:816-820)."""
+    import torch
+
+    cast = 0
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
+            cast += 1
+    return cast
 
 
 def load_model(path_or_id: str, dtype: str = "float32", trust_remote_code: bool = False,

@@ -85,11 +85,40 @@ def dpo_config(out_dir: str, d: dict[str, Any], seed: int, report_to: str) -> DP
         **(d.get("trainer") or {}))  # any other DPOConfig argument, under TRL's name
 
 
+def fsdp_reference(base: str, model_cfg: dict[str, Any], trust_remote_code: bool = False):
+    """The frozen DPO reference under FSDP with full fine-tuning, else None (TRL's own choice).
+
+    Given ``ref_model=None`` under FSDP, TRL 1.16 loads the reference itself (trl/trainer/
+    dpo_trainer.py:908-927, also with ``precompute_ref_log_probs``: the policy is not sharded
+    before ``train``, :909-913), sets ``device_map=None`` only for MULTI_GPU and DEEPSPEED (:920-921),
+    and its loader then defaults to ``device_map="auto"`` on a GPU (trl/trainer/utils.py:1350-1351):
+    on every rank a whole copy spread over every GPU, with dispatch hooks, before ``prepare_fsdp``
+    shards it (:987-988), in the policy's dtype (:924; fp32 for full fine-tuning). Here it is
+    loaded on the CPU in ``model.dtype``, in eval mode and frozen; TRL shards it onto the rank's
+    GPU. With ``precompute_ref_log_probs`` it is used once and dropped (:func:`make_dpo_trainer`)."""
+    from ..distributed import fsdp_enabled
+    from ..model.load import load_model
+
+    if not fsdp_enabled() or model_cfg.get("lora"):
+        return None
+    extra = {"attn_implementation": model_cfg["attn_implementation"]} if model_cfg.get("attn_implementation") else {}
+    ref = load_model(base, dtype=model_cfg["dtype"], trust_remote_code=trust_remote_code, **extra)
+    return ref.eval().requires_grad_(False)
+
+
 def make_dpo_trainer(model, ref_model, tokenizer, dataset, args: DPOConfig, peft_config=None):
     from trl.trainer.callbacks import RichProgressCallback
 
     collator = ActionMaskPreferenceCollator(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length,
                                             truncation_mode=args.truncation_mode)
-    return ActionMaskedDPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=dataset,
-                                  processing_class=tokenizer, data_collator=collator, peft_config=peft_config,
-                                  callbacks=[RichProgressCallback()])
+    trainer = ActionMaskedDPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=dataset,
+                                     processing_class=tokenizer, data_collator=collator, peft_config=peft_config,
+                                     callbacks=[RichProgressCallback()])
+    if ref_model is not None and args.precompute_ref_log_probs:
+        # the log-probs are in the dataset now (precomputed in __init__, dpo_trainer.py:1013-1018) and the loss
+        # reads them from the batch (:1318); TRL drops only a reference it loaded itself (:1033-1034)
+        trainer.ref_model = None
+        from ..distributed import free_accelerator_memory
+
+        free_accelerator_memory()
+    return trainer

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from .. import killpoints, layout, tracking
-from ..distributed import is_main, wait_for_manifest, with_grad_accum, world_size
-from ..model.load import check_quantization, load_model, load_tokenizer
+from ..distributed import empty_model, is_main, loads_weights, wait_for_manifest, with_grad_accum, world_size
+from ..model.load import check_quantization, fp32_trainable, load_model, load_tokenizer, train_dtype
 
 
 @dataclass
@@ -98,13 +98,15 @@ def _trainer_parts(job: Job, tokenizer, out: Path):
                 lambda model, ds, args, peft: make_trainer(model, tokenizer, ds, args, peft))
     from datasets import Dataset
 
-    from .dpo import dpo_config, make_dpo_trainer
+    from .dpo import dpo_config, fsdp_reference, make_dpo_trainer
 
-    # ref_model=None: TRL uses the starting weights (the explorer) as the frozen reference, or the
-    # adapter-disabled model with LoRA (no second copy)
+    # The frozen reference is the starting weights (the explorer): TRL's own choice (ref_model=None: the
+    # policy itself before training, or the adapter-disabled model with LoRA), except under FSDP with full
+    # fine-tuning, where the recipe loads it (dpo.fsdp_reference: TRL would spread it over every GPU)
     return (Dataset.from_list(job.data),
             dpo_config(str(out / "checkpoints"), train, job.seed, tracking.report_to()),
-            lambda model, ds, args, peft: make_dpo_trainer(model, None, tokenizer, ds, args, peft))
+            lambda model, ds, args, peft: make_dpo_trainer(
+                model, fsdp_reference(job.base, job.model, job.trust_remote_code), tokenizer, ds, args, peft))
 
 
 def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None, resume: bool = False,
@@ -132,8 +134,11 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
                                chat_template=m.get("chat_template"))
     dataset, args, make = _trainer_parts(job, tokenizer, out)
     extra = {"attn_implementation": m["attn_implementation"]} if m.get("attn_implementation") else {}
-    policy = load_model(job.base, dtype=m["dtype"], trust_remote_code=job.trust_remote_code,
-                        quantization=m.get("quantization"), **extra)
+    # fp32 master weights for full fine-tuning (bf16: true is autocast only); LoRA: the base in model.dtype
+    # under FSDP with RAM-efficient loading only the main process reads the weights (distributed.loads_weights)
+    policy = (load_model if loads_weights(m) else empty_model)(job.base, dtype=train_dtype(m),
+                                                             trust_remote_code=job.trust_remote_code,
+                                                             quantization=m.get("quantization"), **extra)
     if begin is not None:
         resume = begin()
     if job.kind == "dpo" and world_size() > 1:
@@ -144,6 +149,8 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
         with PartialState().main_process_first():
             dataset = dataset.flatten_indices(cache_file_name=str(out / "pairs_dataset" / "pairs.arrow"))
     trainer = make(policy, dataset, args, peft_config_of(m.get("lora")))
+    if not trainer.is_deepspeed_enabled:  # ZeRO-3 keeps its own fp32 masters (and TRL bf16 adapters for it)
+        fp32_trainable(trainer.model)      # QLoRA: TRL casts the adapters to bf16 (model/load.py)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     trainer.add_callback(finite_guard(job.name))  # a NaN/Inf loss or weight stops the stage
     if (kill := killpoints.trainer_callback(job.name)) is not None:  # tests only

@@ -5,9 +5,12 @@ the model's dtype, so adapters are merged and 4-bit bases are never saved:
 
 - full fine-tuning, one process: the model's own ``save_pretrained``;
 - LoRA on a 16-bit base, one process: merge in memory, then save;
-- FSDP / ZeRO-3 (sharded weights) or QLoRA (a 4-bit base that cannot take a merge losslessly):
-  the Trainer gathers and saves (a collective: every process calls it); an adapter is then
-  merged by the main process into a fresh 16-bit copy of the base, loaded on the CPU.
+- FSDP2 (sharded DTensor weights): every process gathers one weight at a time, the main process
+  writes them in the model's dtype (:func:`save_fsdp2`; the Trainer's own checkpoints stay sharded);
+- ZeRO-3 (sharded weights) or QLoRA (a 4-bit base that cannot take a merge losslessly): the
+  Trainer gathers and saves (a collective: every process calls it);
+- with LoRA an adapter is then merged by the main process into a fresh 16-bit copy of the base,
+  loaded on the CPU.
 
 A saved policy is whole only when it loads and every weight is finite: :func:`save_policy`
 checks what it wrote (:func:`check_policy`) before the stage may mark itself done, training
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from ..distributed import is_main, world_size
 from ..model.load import CheckpointError, check_checkpoint, load_model
@@ -57,13 +61,29 @@ def check_policy(path: str | Path, trust_remote_code: bool = False) -> None:
     check_finite_weights(path)
 
 
+def local_shard(p):
+    """The part of parameter ``p`` this process holds: the local tensor of an FSDP2 DTensor
+    (``DTensor.to_local()``), DeepSpeed ZeRO-3's partition (``p.ds_tensor``; the parameter itself is
+    then empty, ``numel() == 0``), else ``p`` itself. Checking it needs no collective: every rank
+    checks its own shard and :func:`_any_rank` shares the verdict."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(p, DTensor):
+        return p.to_local()
+    ds = getattr(p, "ds_tensor", None)  # deepspeed/runtime/zero/partition_parameters.py: the rank's partition
+    return ds if ds is not None else p
+
+
 def _first_nonfinite(model) -> str | None:
+    """The name of the first parameter whose local shard (:func:`local_shard`) holds a NaN/Inf."""
     import torch
 
-    params = [(n, p) for n, p in model.named_parameters() if p.is_floating_point() and p.numel()]
+    params = [(n, t) for n, p in model.named_parameters()
+              if (t := local_shard(p).detach()).is_floating_point() and t.numel()]
     if not params:
         return None
-    flags = torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).cpu()
+    # one device sync for all parameters; on plain tensors (a DTensor's nonzero has no sharding rule)
+    flags = torch.stack([torch.isfinite(t).all() for _, t in params]).cpu()
     bad = (~flags).nonzero()
     return params[int(bad[0])][0] if len(bad) else None
 
@@ -128,6 +148,66 @@ def merge_adapter(base: str, adapter_dir: str | Path, out: str | Path, dtype: st
     merged.save_pretrained(out, safe_serialization=True)
 
 
+def is_fsdp2(model) -> bool:
+    """The model is sharded by FSDP2 (``fully_shard``): its parameters are DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def save_fsdp2(model, out: Path, dtype: str) -> None:
+    """Gather an FSDP2 model into one plain HF checkpoint at ``out`` in ``dtype`` (every process
+    calls it: each weight is all-gathered in turn, the main process keeps it on the CPU in ``dtype``
+    and writes).
+
+    Not ``trainer.save_model``: with ``fsdp_state_dict_type: SHARDED_STATE_DICT`` (the Trainer's
+    checkpoints, no optimizer gather at each save) it writes nothing for FSDP (transformers/trainer.py:
+    4105-4108 handles FULL_STATE_DICT only), and with FULL_STATE_DICT accelerate's ``get_state_dict``
+    (accelerate/accelerator.py:4095-4099) gathers every weight in the training dtype: fp32, as
+    accelerate upcasts trainable weights before sharding (accelerate/utils/fsdp_utils.py:815-820),
+    twice the checkpoint's size on the main process. Gathering one weight at a time and casting it
+    keeps the main process's host memory at the saved checkpoint's size."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    want, gathered, state = getattr(torch, dtype) if dtype != "auto" else None, {}, {}
+    # the parameters themselves (keep_vars): a tied embedding and head are one object, gathered once;
+    # the same order on every process, so the collectives match
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in gathered:
+            full = t.full_tensor() if isinstance(t, DTensor) else t
+            if is_main():
+                full = full.detach().to("cpu", dtype=want if want is not None and full.is_floating_point() else None)
+            gathered[id(t)] = full if is_main() else None
+        state[name] = gathered[id(t)]
+    if is_main():
+        _write(model, out, dtype, state)
+
+
+def _write(model, out: Path, dtype: str, state: dict) -> None:
+    """``model.save_pretrained`` of ``state`` (already in ``dtype``), its config saying ``dtype``:
+    save_pretrained records the dtype training held the weights in (fp32 masters)."""
+    model.save_pretrained(out, state_dict=state, safe_serialization=True)
+    if dtype != "auto" and not hasattr(model, "peft_config"):
+        model.config.dtype = dtype
+        model.config.save_pretrained(out)
+
+
+def _cast_state(model, dtype: str) -> dict:
+    """The model's state dict with floating tensors in ``dtype`` (the policy's ``model.dtype``: training
+    held fp32 master weights, model/load.py:train_dtype); a tied embedding and head stay one tensor."""
+    import torch
+
+    want = getattr(torch, dtype) if dtype != "auto" else None
+    cast: dict[int, Any] = {}
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in cast:
+            cast[id(t)] = t.detach().to(dtype=want) if want is not None and t.is_floating_point() else t.detach()
+        out[name] = cast[id(t)]
+    return out
+
+
 def save_policy(trainer, tokenizer, out: str | Path, base: str, dtype: str,
                 trust_remote_code: bool = False, stage: str | None = None) -> None:
     """Write the trained policy to ``out``; ``base`` is the checkpoint training started from.
@@ -136,14 +216,17 @@ def save_policy(trainer, tokenizer, out: str | Path, base: str, dtype: str,
     ``stage`` when it does not load or a weight is not finite, so the stage is never done on it."""
     out, model = Path(out), trainer.model
     peft = hasattr(model, "peft_config")
-    if world_size() == 1 and not is_quantized(model):
+    if world_size() == 1 and not is_quantized(model) and not is_fsdp2(model):  # FSDP2 even on one process: DTensors
         final = model.merge_and_unload() if peft else model
-        final.save_pretrained(out, safe_serialization=True)
+        _write(final, out, dtype, _cast_state(final, dtype))  # in model.dtype, not the fp32 masters
         tokenizer.save_pretrained(out)
         _verify(out, stage, trust_remote_code)
         return
     target = out.parent / "adapter" if peft else out
-    trainer.save_model(str(target))  # gathers FSDP / ZeRO-3 shards; only the main process writes
+    if is_fsdp2(model):
+        save_fsdp2(model, target, dtype)
+    else:
+        trainer.save_model(str(target))  # gathers ZeRO-3 shards (zero3_save_16bit_model); the main process writes
     if not is_main():
         return
     (target / "training_args.bin").unlink(missing_ok=True)  # keep the folder a plain checkpoint
