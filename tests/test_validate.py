@@ -293,9 +293,10 @@ CASES = [
     ("twx", ["bench.threads=[0]"], "bench.threads=[0]: a non-empty list of torch thread counts >= 1"),
     ("twx", ["bench.bc_trajectories=0"], f"bench.bc_trajectories=0: {INT_GE1}"),
     ("twx", ["bench.bc_steps=0"], f"bench.bc_steps=0: {INT_GE1}"),
-    ("twx", ["bench.only=gpu"], "bench.only='gpu': one of 'rollout', 'sciworld', 'envsteps', 'data_parallel', or null "
-                                "(every section)"),
+    ("twx", ["bench.only=gpu"], "bench.only='gpu': one of 'rollout', 'sciworld', 'envsteps', 'data_parallel', "
+                                "'vllm', or null (every section)"),
     ("twx", ["bench.data_parallel.processes=1"], "bench.data_parallel.processes=1: an integer >= 2"),
+    ("twx", ["bench.vllm.python=''"], "bench.vllm.python='': a non-empty string"),
     ("twx", ["bench.envsteps.batch.twx=0"], f"bench.envsteps.batch.twx=0: {INT_GE1}"),
     ("twx", ["bench.envsteps.envs=[chess]"], "bench.envsteps.envs"),
     ("twx", ["reading.alpha=2"], "reading.alpha=2: a number in (0, 1)"),

