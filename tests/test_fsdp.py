@@ -8,6 +8,8 @@
   weights the sharded model had when training ended, and DPO began from the BC weights on every
   rank (rank 1 got them by broadcast). Each launched process runs this file's ``__main__``: the
   CLI with the test's recording hooks (FSDP on a CPU: ``distributed.fsdp_on_cpu``);
+- the same on DeepSpeed ZeRO-3 (``configs/accelerate/deepspeed_zero3.yaml`` unchanged; DeepSpeed's CPU
+  accelerator, gloo): bc, then one eto-iter, on partitioned parameters;
 - after a ZeRO-3 trainer, the next rollout's model load is not a DeepSpeed collective.
 """
 
@@ -105,22 +107,28 @@ ROOT = Path(__file__).resolve().parents[1]
 # 801-813); --num_processes 2 on the command line as the Makefile passes it. Everything else, FSDP2,
 # full shard, bf16 mixed precision, sharded checkpoints and RAM-efficient loading, is the GPU config's.
 CPU_OVERRIDES = {"use_cpu": True}
+# DeepSpeed needs none: its CPU accelerator (deepspeed/accelerator/cpu_accelerator.py) and gloo are picked
+# without CUDA; use_cpu must stay false, as accelerate drops DeepSpeed when cpu is set (accelerate/state.py:974)
+ACCEL_CPU_OVERRIDES = {"fsdp": CPU_OVERRIDES, "deepspeed_zero3": {}}
 # the toy run of test_multiprocess.py; the policy saved in bf16 as on a GPU (trained on fp32 masters)
 RUN = ["bc.batch_size=2", "+bc.effective_batch=8", "+eto.dpo.effective_batch=4",
        "eto.dpo.precompute_ref_log_probs=true", "model.dtype=bfloat16"]
 
 
-def _launch(tmp: Path, stage: str, *extra: str, procs: int = 2, env=None, ok: bool = True):
+def _launch(tmp: Path, stage: str, *extra: str, procs: int = 2, env=None, ok: bool = True, accel: str = "fsdp"):
+    """``accelerate launch --config_file configs/accelerate/<accel>.yaml`` (with the CPU's overrides, if
+    any) of ``stage`` on ``procs`` processes; procs=1: the plain CLI."""
     import subprocess
 
     from test_pipeline import TOY
 
-    cfg = tmp / "fsdp_cpu.yaml"
-    if not cfg.exists():
-        from omegaconf import OmegaConf
+    cfg = ROOT / "configs" / "accelerate" / f"{accel}.yaml"
+    if ACCEL_CPU_OVERRIDES[accel]:
+        cfg, shipped = tmp / f"{accel}_cpu.yaml", cfg
+        if not cfg.exists():
+            from omegaconf import OmegaConf
 
-        OmegaConf.save(OmegaConf.merge(OmegaConf.load(ROOT / "configs" / "accelerate" / "fsdp.yaml"),
-                                       CPU_OVERRIDES), cfg)
+            OmegaConf.save(OmegaConf.merge(OmegaConf.load(shipped), ACCEL_CPU_OVERRIDES[accel]), cfg)
     args = [stage, f"paths.runs={tmp / 'runs'}", "run_name=fsdp", *TOY, *RUN, *extra]
     cmd = ([sys.executable, "-m", "eto_train.cli", *args] if procs == 1 else
            [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(cfg), "--num_processes",
@@ -145,6 +153,16 @@ def _gathered(hooks: Path, when: str) -> dict:
 
     r0, r1 = (torch.load(hooks / f"{when}_rank{r}.pt") for r in (0, 1))
     return {n: torch.cat([r0[n], r1[n]]) for n in r0}
+
+
+def _joined(hooks: Path, when: str, saved: dict) -> dict:
+    """ZeRO-3's two flat 1-D partitions put back together: rank 0 holds the first ceil(n/2) elements of
+    each weight, rank 1 the rest plus padding (deepspeed/runtime/zero/partition_parameters.py); cut to
+    the saved tensor's size and shaped as it."""
+    import torch
+
+    r0, r1 = (torch.load(hooks / f"{when}_rank{r}.pt") for r in (0, 1))
+    return {n: torch.cat([r0[n], r1[n]])[:saved[n].numel()].view(saved[n].shape) for n in r0}
 
 
 def _same(gathered: dict, saved: dict) -> list[str]:
@@ -222,6 +240,44 @@ def test_fsdp2_rehearsal_bc_eto_iteration_eval_on_two_cpu_processes(tmp_path):
                                                                                "played": {"0": 2, "1": 2}}
 
 
+def test_zero3_rehearsal_bc_eto_iteration_on_two_cpu_processes(tmp_path):
+    """bc, then one eto-iter (full-fine-tuning DPO, precomputed reference), under DeepSpeed ZeRO-3."""
+    run, hooks = tmp_path / "runs" / "fsdp", tmp_path / "hooks"
+    # transformers refuses the yaml's bf16 DeepSpeed config when the TrainingArguments have bf16=False
+    # (transformers/integrations/deepspeed.py:260); the CPU profiles turn bf16 autocast off
+    zero3 = ["bc.bf16=true", "eto.dpo.bf16=true"]
+    _launch(tmp_path, "experts", procs=1)
+    _launch(tmp_path, "model", procs=1)
+
+    _launch(tmp_path, "bc", *zero3, accel="deepspeed_zero3")
+    bc = json.loads((run / "bc" / "manifest.json").read_text())
+    assert bc["status"] == "done" and bc["metrics"]["optimizer_steps"] == 3
+    # ZeRO-3 ran: the finite check read partitioned parameters (empty, each rank's ds_tensor about half
+    # of the weight), on both ranks, when training began and after each of the 3 steps
+    calls = _finite_calls(hooks / "bc")
+    assert [len(c) for c in calls] == [4, 4]
+    for c in calls:
+        assert all(p["numel"] == 0 for p in c[0]), c[0]
+        embed = next(p for p in c[0] if p["name"] == "model.embed_tokens.weight")
+        n = embed["shape"][0] * embed["shape"][1]
+        assert embed["local"] == [(n + 1) // 2], embed
+
+    # the saved policy: one plain bf16 checkpoint (gathered by save_model) with the trained weights
+    policy = _weights(run / "bc" / "model")
+    assert {str(t.dtype) for t in policy.values()} == {"torch.bfloat16"}
+    assert _same(_joined(hooks / "bc", "end", policy), policy) == []
+
+    _launch(tmp_path, "eto-iter", *zero3, accel="deepspeed_zero3")
+    dpo = run / "eto" / "iter1" / "dpo"
+    assert json.loads((dpo / "manifest.json").read_text())["status"] == "done"
+    assert all(len(c) == 3 for c in _finite_calls(hooks / "eto-iter"))  # begin + 2 steps, each rank
+    assert _same(_joined(hooks / "eto-iter", "begin", policy), policy) == []  # DPO began from BC
+    new = _weights(dpo / "model")
+    assert _same(_joined(hooks / "eto-iter", "end", new), new) == []
+    assert _same(_joined(hooks / "eto-iter", "end", new), policy) != []       # and DPO trained
+    assert json.loads((run / "eto" / "iter1" / "summary.json").read_text())["pairs"] > 0
+
+
 # -- what each process of the rehearsal runs (accelerate launch tests/test_fsdp.py <stage> ...) --------
 def record_shards(folder: Path, stage: str) -> None:
     """Test-only hooks, per rank, into ``folder``: every call of the finite check records what it read
@@ -248,8 +304,8 @@ def record_shards(folder: Path, stage: str) -> None:
         return {n: local(p).detach().cpu().clone() for n, p in model.named_parameters()}
 
     def first_nonfinite(model):
-        seen = [{"name": n, "type": type(p).__name__, "shape": list(p.shape),
-                 "local": list(local(p).shape)} for n, p in model.named_parameters()]
+        seen = [{"name": n, "type": type(p).__name__, "shape": list(getattr(p, "ds_shape", p.shape)),
+                 "numel": p.numel(), "local": list(local(p).shape)} for n, p in model.named_parameters()]
         if not (folder / f"finite_rank{rank()}.jsonl").exists():
             torch.save(shards(model), folder / f"begin_rank{rank()}.pt")
         with (folder / f"finite_rank{rank()}.jsonl").open("a") as f:
