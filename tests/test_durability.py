@@ -38,8 +38,14 @@ def _compose(overrides: list[str]):
 
 
 def files(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` (hidden ones too), by relative path: a byte-for-byte snapshot."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file under ``folder`` (hidden ones too), by relative path: a byte-for-byte snapshot.
+
+    Identity sidecars (``.identity.json``: a cache of content hashes, never part of any hash, that
+    a check of a stage's inputs or outputs may write; see store.identity_sha256) are left out."""
+    from eto_train.store import is_identity_file
+
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not is_identity_file(p.name)}
 
 
 def manifest(folder: Path) -> dict:
@@ -139,7 +145,10 @@ def test_experts_cut_short_then_bc_fails_and_the_finished_bc_is_kept(toy, monkey
     experts.write_bytes(whole[:-40])  # the last line cut
     monkeypatch.setattr(bc.recipe, "train", lambda *a, **k: pytest.fail("bc trained on a file it had not read whole"))
     try:
-        with pytest.raises(RecordError, match=rf"{experts}:\d+: malformed JSON"):
+        # the experts stage recorded its file when it finished: bc names the cut and who rebuilds it
+        # before it reads a line (tests/test_damaged_outputs.py: and that rerun rebuilds it)
+        with pytest.raises(RecordError, match=rf"input 'experts' is damaged: {experts}: \d+ bytes when finished, "
+                                              rf"now \d+ \(cut short\)\. Re-run `make experts`"):
             bc.run(cfg)
         assert files(run / "bc") == before and manifest(run / "bc")["status"] == "done"
     finally:

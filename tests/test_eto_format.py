@@ -170,3 +170,45 @@ def test_bad_pair_in_released_layout_names_the_item(tmp_path):
                                                   "chosen": turns(("human", "x")), "rejected": turns(("gpt", "y"))}])
     with pytest.raises(RecordError, match=r"pm.json:2 \[item 0\]: not an ETO preference pair: chosen: must start"):
         read_eto_pairs(path)
+
+
+# -- ScienceWorld ids in task-name form; a file of another environment ------------------------------
+def test_sciworld_task_name_ids_map_through_taskname2id(tmp_path):
+    """``task-2a-test-conductivity-of-unknown-substances_456`` is task 10, variation 456, by the
+    shipped taskname2id.json (before: 'none of its 2 trajectories matches')."""
+    from pathlib import Path
+
+    numbers = json.loads((Path(__file__).resolve().parents[1] / "data/sciworld_eto/taskname2id.json").read_text())
+    name = "task-2a-test-conductivity-of-unknown-substances"
+    tasks = [SimpleNamespace(env="sciworld", task_id=f"{numbers[name]}_456", game=name, fold="train", seed=456,
+                             split="train"),
+             SimpleNamespace(env="sciworld", task_id=f"{numbers['task-1-boil']}_3", game="task-1-boil",
+                             fold="train", seed=3, split="train")]
+    assert tasks[0].task_id == "10_456"
+    path = write_json_list(tmp_path / "sciworld_sft.json", [sciworld_entry(f"{name}_456"), sciworld_entry("0_3"),
+                                                            sciworld_entry("task-1-boil_4")])
+    eps, report = import_experts(path, tasks, "v")
+    assert [e.task_id for e in eps] == ["10_456", "0_3"] and eps[0].game == name
+    assert report["unmatched_ids"] == ["task-1-boil_4"]
+
+
+def test_a_sciworld_file_given_to_a_twx_run_names_the_file_and_both_environments(tmp_path):
+    path = write_json_list(tmp_path / "sciworld_sft.json", [sciworld_entry("13_5"), sciworld_entry("task-1-boil_2")])
+    with pytest.raises(RecordError) as err:
+        import_experts(path, [task("twx", "mapreader/train/7")], "v")
+    msg = str(err.value)
+    assert str(path) in msg and "those of environment 'sciworld'" in msg and "this run's environment is 'twx'" in msg
+
+
+def test_a_copied_experts_file_of_another_environment_is_refused_before_training(tmp_path):
+    """``experts/train.jsonl`` of a ScienceWorld run in a TWX run: the readers of bc, explore and
+    pairs (``read_experts(path, env)``) name the file and both environments."""
+    from eto_train.experts import ExpertsEnvError, read_experts
+
+    path = tmp_path / "experts" / "train.jsonl"
+    path.parent.mkdir()
+    write_jsonl(path, [project_episode("13_5").to_dict()])
+    assert read_experts(path, "sciworld")[0].task_id == "13_5"
+    with pytest.raises(ExpertsEnvError, match=rf"{path}: an experts file of environment 'sciworld' .*"
+                                              r"this run's environment is env.name='twx'"):
+        read_experts(path, "twx")

@@ -97,5 +97,6 @@ def test_export_script_uses_the_config_block(tmp_path, store):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = _rows(out)
-    assert len(rows) == 2 and "reward" not in rows[0] and SECRET not in out.read_text()  # default patterns
-    assert json.loads(proc.stdout)["redactions"]
+    assert len(rows) == 2 and "reward" not in rows[0] and SECRET not in out.read_text()  # on by default
+    report = json.loads(proc.stdout)
+    assert report["redactions"] == {} and report["secrets_redacted"]  # no user patterns; the detector's kinds

@@ -117,3 +117,90 @@ def test_an_empty_experts_file_names_the_file_and_the_stage_that_writes_it(tmp_p
         read_experts(tmp_path / "nowhere.jsonl")
     append_episodes(path, [_episode(0), _episode(1)])
     assert [e.episode_id for e in read_experts(path)] == ["expert/0", "expert/1"]
+
+
+# -- checkpoint coherence (issue 26, item 4): tokenizer and weights that do not belong together --
+BASE = ROOT / "models" / "twx-base-1.7m"  # 1,230 embedding rows, a 1,230-token tokenizer
+
+
+def _copy_base(dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(BASE, dst, ignore=shutil.ignore_patterns("*.png", "MODEL_CARD.md"))
+    return dst
+
+
+@pytest.fixture
+def grown_tokenizer(tmp_path):
+    """The shipped base with 3,000 tokens added to its tokenizer and the embedding left as it was:
+    the issue's 4,230 tokens against 1,230 rows."""
+    from transformers import AutoTokenizer
+
+    folder = _copy_base(tmp_path / "policy")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_tokens([f"<extra_{i}>" for i in range(3000)])
+    tok.save_pretrained(folder)
+    assert len(tok) == 4230
+    return folder
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_with_both_numbers(grown_tokenizer):
+    for call in (policy_ref, load_tokenizer):
+        with pytest.raises(CheckpointError) as err:
+            call(str(grown_tokenizer))
+        msg = str(err.value)
+        assert msg.startswith(f"{grown_tokenizer}: the tokenizer has 4230 tokens but the embedding has 1230 rows")
+        assert "model.embed_tokens.weight in model.safetensors" in msg
+    policy_ref(str(BASE))  # the shipped base itself is coherent
+
+
+def test_eval_refuses_it_before_anything_is_written(grown_tokenizer, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.stages import evaluate
+
+    runs = tmp_path / "runs"
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.runs={runs}", f"eval.policy={grown_tokenizer}",
+                                          "runtime.rollout_threads=1"])
+    with pytest.raises(CheckpointError, match="the tokenizer has 4230 tokens but the embedding has 1230 rows"):
+        evaluate.run(cfg)
+    assert not runs.exists() or not any(p.is_file() for p in runs.rglob("*"))  # nothing written
+
+
+def test_a_missing_chat_template_is_refused_unless_the_config_gives_one(tmp_path):
+    import json
+
+    folder = _copy_base(tmp_path / "policy")
+    (folder / "chat_template.jinja").unlink()
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=rf"^{folder}: the tokenizer has no chat template"):
+        policy_ref(str(folder))
+    with pytest.raises(CheckpointError, match="Set model.chat_template"):
+        load_tokenizer(str(folder))
+    template = (BASE / "chat_template.jinja").read_text()
+    assert load_tokenizer(str(folder), chat_template=template).chat_template == template  # model.chat_template
+
+
+def test_a_special_token_outside_the_embedding_is_named_with_its_id(tmp_path):
+    from transformers import AutoTokenizer
+
+    from eto_train.model.load import check_coherence
+
+    tok = AutoTokenizer.from_pretrained(BASE)
+
+    class Shifted:  # ids past the rows, with the token count itself within them (non-contiguous ids)
+        def __len__(self):
+            return len(tok)
+
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        eos_token_id = 5000
+
+    with pytest.raises(CheckpointError) as err:
+        check_coherence(BASE, Shifted())
+    assert f"eos_token {tok.eos_token!r} = id 5000: outside the embedding's 1230 rows" in str(err.value)
+    assert str(err.value).startswith(f"{BASE}: ")

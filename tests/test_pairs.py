@@ -139,3 +139,71 @@ def test_self_pair_and_stats():
     # two pairs from one task: the other two tasks gave none (never a negative count)
     assert s["pairs"] == 2 and s["agent_lost"] == 1 and s["tasks"] == 3 and s["no_pair"] == 2
     assert s["by_kind"] == {"trajectory": 1, "step": 0, "self": 1}
+
+
+# -- the expert's reward in the pair rule (eto.pairs.expert_reward) --------------------------------
+# The authors' construct_preference.py (Yifan-Song793/ETO): build_preference sets
+# golden_rewards[idx] = 1.0 for sciworld and item['reward'] for webshop; build_preference_alfworld
+# 1.0 for alfworld. Cases: a ScienceWorld expert whose file reward is 0.72.
+def env_ep(env, actions, score, policy="expert"):
+    e = ep(actions, score, policy=policy, task="10_456")
+    e.env = env
+    return e
+
+
+def built(rule, expert, agent):
+    """(pairs, stats) of the pairs stage for one expert and one explored episode."""
+    from omegaconf import OmegaConf
+
+    from eto_train.stages.pairs import build_pairs
+
+    cfg = OmegaConf.create({"eto": {"pairs": {"contrast": "trajectory", "chosen": "expert", "extra_turns": 5,
+                                              "rejected_cut": "expert_length", "expert_reward": rule}}})
+    return build_pairs(cfg, {expert.task_id: expert}, [agent], [], seed=0)
+
+
+def pairs_of(rule, expert, agent):
+    return built(rule, expert, agent)[0]
+
+
+def test_authors_rule_scores_a_sciworld_expert_one_so_an_agent_at_0_8_is_rejected():
+    expert, agent = env_ep("sciworld", ["a", "b"], 0.72), env_ep("sciworld", ["a", "x"], 0.8, "bc@w")
+    (p,) = pairs_of("authors", expert, agent)
+    assert (p.chosen_policy, p.rejected_policy, p.chosen_score, p.rejected_score) == ("expert", "bc@w", 1.0, 0.8)
+    stats = built("authors", expert, agent)[1]["expert_reward"]
+    assert stats == {"rule": "authors", "experts_read_as_1": 1, "examples": ["10_456"]}
+    (q,) = pairs_of("file", expert, agent)  # the file's reward: the agent beats 0.72 and is chosen
+    assert (q.chosen_policy, q.chosen_score, q.rejected_score) == ("bc@w", 0.8, 0.72)
+    assert expert.final_score == 0.72  # the expert record itself is untouched
+
+
+def test_an_agent_at_the_file_reward_is_a_pair_under_authors_and_a_tie_under_file():
+    expert, agent = env_ep("sciworld", ["a", "b"], 0.72), env_ep("sciworld", ["a", "x"], 0.72, "bc@w")
+    (p,) = pairs_of("authors", expert, agent)
+    assert p.chosen_policy == "expert" and p.rejected_score == 0.72
+    assert pairs_of("file", expert, agent) == []
+
+
+@pytest.mark.parametrize("env", ["alfworld", "sciworld"])
+def test_authors_rule_one_for_sciworld_and_alfworld(env):
+    from eto_train.pairs import pairing_reward
+
+    assert pairing_reward(env_ep(env, ["a"], 0.0), "authors") == 1.0
+    assert pairing_reward(env_ep(env, ["a"], 0.0), "file") == 0.0
+
+
+@pytest.mark.parametrize("env", ["webshop", "twx"])
+def test_webshop_and_other_envs_keep_the_file_reward_under_either_rule(env):
+    expert, agent = env_ep(env, ["a", "b"], 0.72), env_ep(env, ["a", "x"], 0.8, "bc@w")
+    for rule in ("authors", "file"):
+        (p,) = pairs_of(rule, expert, agent)
+        assert (p.chosen_policy, p.chosen_score, p.rejected_score) == ("bc@w", 0.8, 0.72)
+    tie = env_ep(env, ["a", "x"], 0.72, "bc@w")
+    assert pairs_of("authors", expert, tie) == [] == pairs_of("file", expert, tie)
+
+
+def test_an_unknown_expert_reward_rule_is_refused():
+    from eto_train.pairs import pairing_reward
+
+    with pytest.raises(ValueError, match=r"eto.pairs.expert_reward='gold': one of \['file', 'authors'\]"):
+        pairing_reward(EXPERT, "gold")

@@ -27,6 +27,8 @@ PAPER = {
     "eval.generation.max_new_tokens": 512, "eval.generation.do_sample": False,
     # pairs (construct_preference.py): trajectory level, agent vs expert
     "eto.pairs.contrast": "trajectory", "eto.pairs.chosen": "expert", "eto.pairs.rejected_cut": "expert_length",
+    # ... and the expert's reward as theirs: 1.0 in sciworld/alfworld, the file's in webshop (pairs.pairing_reward)
+    "eto.pairs.expert_reward": "authors",
     # DPO (run_eto.sh Part 3): plain sigmoid loss, no SFT term
     "eto.dpo.loss_type": ["sigmoid"], "eto.dpo.loss_weights": None, "eto.dpo.beta": 0.1, "eto.dpo.lr": 1e-6,
     "eto.dpo.later.beta": 0.5, "eto.dpo.later.lr": 5e-7, "eto.dpo.epochs": 3, "eto.dpo.max_steps": None,
@@ -77,6 +79,8 @@ def test_project_options_are_on_only_where_a_profile_says_so():
     cpu = compose([])
     assert list(cpu.eto.dpo.loss_type) == ["sigmoid", "sft"] and cpu.eto.early_stopping
     assert cpu.prompt.version == "react-v1" and not cpu.prompt.example
+    # the CPU default keeps the expert's own score in the pair rule (pairs built before the key are unchanged)
+    assert cpu.eto.pairs.expert_reward == "file"
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

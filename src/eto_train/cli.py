@@ -15,6 +15,15 @@ Every stage runs the same way: a Ctrl-C while Hydra starts up or during the job 
 line saying what was kept and exit status 130 (:mod:`eto_train.interrupt`); under ``-m`` each
 job first gets its own run folder (:func:`eto_train.layout.isolate_sweep_job`); then tracking is
 configured (:func:`eto_train.tracking.configure`, one wandb run per stage) and the stage runs.
+
+Before Hydra's run (plain overrides; not under ``-m``, ``--cfg``, ``--help``) the config is
+composed once: a bad override, and a paper-sized model on a machine without a CUDA GPU
+(:mod:`eto_train.device_check`), stop there, before Hydra makes its log folder
+``<run>/logs/<time>-<stage>``; a run folder that cannot be written gets its log folder in a
+temporary folder instead (with a one-line note), so that reading stages run on a read-only run.
+A config, input or disk error is printed as one block with exit status 2 (input) or 1 (disk)
+(:mod:`eto_train.errors`; the traceback with ``ETO_TRAIN_TRACEBACK=1``), and a job that fails
+on one removes the log folder it started with, if that holds only Hydra's own files.
 """
 
 from __future__ import annotations
@@ -116,11 +125,104 @@ def _job(entry: StageEntry, cfg) -> None:
     from .interrupt import interruptible
     from .layout import isolate_sweep_job
 
+    global _cfg
+    _cfg = cfg
     with interruptible(cfg, resume=entry.resume):  # Ctrl-C: one line saying what was kept, exit 130
         if entry.isolate:
             isolate_sweep_job(cfg)  # under -m: one run folder per job
         tracking.configure(cfg)  # wandb: one run per stage
         entry.function()(cfg)
+
+
+# -- before Hydra's run: the config composed once, its errors, the run folder, the device ---------
+_cfg = None  # the job's config, for the stage a disk error names
+_fresh: list[Path] = []  # folders this command would create for Hydra's log (removed on a failed start)
+
+
+def _overrides_only(args: list[str]) -> bool:
+    """Plain overrides (no -m, --cfg, --help, ...): then the config is composed before Hydra's run."""
+    return all("=" in a and not a.startswith("-") for a in args)
+
+
+def _composer(job: str):
+    def compose(overrides: list[str]):
+        from hydra import compose as hydra_compose, initialize_config_dir
+
+        with initialize_config_dir(config_dir=configs_dir(), version_base="1.3", job_name=job):
+            return hydra_compose("config", overrides=list(overrides))
+    return compose
+
+
+def _running_stage() -> str | None:
+    """The stage (manifest name) this process left running, for a disk error's message."""
+    from .interrupt import _Guard
+
+    found = _Guard(_cfg, True)._running_stage() if _cfg is not None else None
+    return found[1].get("stage", found[0].name) if found else None
+
+
+def _log_dir_overrides(cfg, job: str, rest: list[str]) -> list[str]:
+    """Where Hydra's log folder goes: ``<run>/logs/<time>-<stage>`` when the run folder can be
+    written, else a temporary folder (a read-only run folder still serves report, reading, export),
+    with a one-line note. Records the folders the log would create, for a failed start to remove."""
+    from omegaconf import OmegaConf
+
+    from .errors import writable
+
+    if any(a.startswith("hydra.run.dir=") for a in rest):
+        return []
+    run = Path(str(OmegaConf.select(cfg, "paths.run")))
+    logs = run / "logs"
+    _fresh[:] = [p for p in (logs, *logs.absolute().parents) if not p.exists()]  # deepest first
+    if writable(logs):
+        return []
+    import tempfile
+
+    where = Path(tempfile.gettempdir()) / "eto-train-logs" / str(cfg.run_name)
+    sys.stderr.write(f"{PROG}: note: {run} is not writable; this command's log folder is under {where}\n")
+    _fresh.clear()
+    return [f"hydra.run.dir={where}/${{now:%Y%m%d-%H%M%S}}-{job}"]
+
+
+def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from . import errors
+    from .interrupt import interruptible
+
+    job = name.replace("-", "_")
+    extra: list[str] = []
+    _fresh.clear()
+    if _overrides_only(rest):  # compose once first: bad overrides, the device and the log folder
+        cfg = _composer(job)(rest)  # before Hydra makes a folder
+        from .device_check import check_device
+
+        check_device(cfg, name)
+        extra = _log_dir_overrides(cfg, job, rest)
+    # Hydra reads sys.argv: the stage's own arguments, with the job name (the log folder's name)
+    # before the first override, so that a hydra.job.name given on the command line still wins
+    sys.argv = [sys.argv[0], *with_job_name([*rest, *extra], job)]
+
+    failed: list[Exception] = []
+
+    def task(cfg) -> None:
+        try:
+            _job(entry, cfg)
+        except Exception as exc:
+            if not (errors.is_input_error(exc) or errors.is_disk_error(exc)):
+                raise  # a bug: Hydra's report, with its traceback
+            # a failed start leaves no log folder of Hydra's in the run; the error is raised after
+            # Hydra's run, which would print "Error executing job with overrides [...]" first
+            # (hydra/core/utils.py JobReturn.return_value) above the one block errors.reporting prints
+            errors.remove_start_folders(Path(HydraConfig.get().runtime.output_dir), _fresh)
+            failed.append(exc)
+
+    hydra_main = hydra.main(config_path=configs_dir(), config_name="config", version_base="1.3")(task)
+    with interruptible(resume=entry.resume):  # and while Hydra starts up
+        hydra_main()
+    if failed:
+        raise failed[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,20 +239,24 @@ def main(argv: list[str] | None = None) -> None:
     entry = STAGES[name]
     _command = " ".join([PROG, name, *map(shlex.quote, rest)])
 
-    import hydra
+    from . import errors
 
-    from .interrupt import interruptible
-
-    # Hydra reads sys.argv: the stage's own arguments, with the job name (the log folder's name)
-    # before the first override, so that a hydra.job.name given on the command line still wins
-    sys.argv = [sys.argv[0], *with_job_name(rest, name.replace("-", "_"))]
-
-    def task(cfg) -> None:
-        _job(entry, cfg)
-
-    hydra_main = hydra.main(config_path=configs_dir(), config_name="config", version_base="1.3")(task)
-    with interruptible(resume=entry.resume):  # and while Hydra starts up
-        hydra_main()
+    # Hydra re-raises what a job raised (hydra/_internal/utils.py run_and_report) and errors.reporting
+    # prints it: one block for a config, input or disk error; the traceback with ETO_TRAIN_TRACEBACK=1
+    # (or HYDRA_FULL_ERROR=1, which this sets for Hydra while it runs)
+    errors.full_traceback = errors.wants_traceback()
+    saved = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    compose = _composer(name.replace("-", "_"))
+    overrides = [a for a in rest if "=" in a and not a.startswith("-")]
+    try:
+        with errors.reporting(name, overrides, compose, running=_running_stage):
+            _hydra_run(entry, name, rest)
+    finally:
+        if saved is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ The released files (repository Yifan-Song793/ETO: ``data/<env>_sft.json``, read 
   ``reward``.
 - Pairs: ``{"id", "prompt": [instruction, "OK", task], "chosen": [gpt, human, ..., gpt],
   "rejected": [...]}``.
+- Evaluation outputs (``eval_agent/main.py``; what ``construct_preference.py`` reads as the
+  explorations): one ``<task id>.json`` per task, ``{"meta": {..., "reward"}, "conversations"}``;
+  :func:`to_eval_output` and :func:`write_eval_outputs` (``export.format=eto_eval``).
 
 The instruction + "OK" opening becomes this project's ``Episode.system`` with
 ``opening="instruction_ok"`` (ETO has no system role); a project episode with a system turn is
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .prompting import OK, parse_action
-from .records import Episode, PolicyRef, RecordError, Step, episode_key, to_messages
+from .records import Episode, PolicyRef, RecordError, Step, context_length, episode_key, to_messages
 from .store import read_jsonl
 
 ALFWORLD_DATA_ROOT = "json_2.1.1"  # ALFWorld's data folder, the prefix of the authors' game_file
@@ -93,7 +96,9 @@ def from_eto(obj: Any, env: str = "eto-import", split: str = "train") -> Episode
     The instruction + "OK" opening becomes ``system`` (``opening="instruction_ok"``), the next
     human turn the task turn, each gpt turn a step (thoughts kept in ``raw_output``) and each
     later human turn its observation, exactly as written. The reward is the entry's ``reward``
-    (1.0 when absent: the authors score their ScienceWorld and ALFWorld experts 1.0).
+    (1.0 when absent), kept as the file says; the pair rule may read it otherwise
+    (``eto.pairs.expert_reward=authors``, the paper profiles: 1.0 in ScienceWorld and ALFWorld,
+    as the authors' construct_preference.py; see ``pairs.pairing_reward``).
     """
     if not isinstance(obj, dict) or "conversations" not in obj:
         raise ValueError("expected an object with a 'conversations' list")
@@ -142,13 +147,34 @@ def task_index(tasks: Iterable[Any]) -> dict[str, Any]:
         index[t.task_id] = t
         if t.env == "alfworld":
             index.setdefault(t.task_id.rsplit("/", 1)[-1], t)  # the trial folder alone
+        if t.env == "sciworld":
+            # the task-name form <task name>_<variation>: the environment numbers its tasks by the
+            # shipped taskname2id.json (envs/scienceworld.py), so <name>_<v> and <number>_<v> are one task
+            index.setdefault(f"{t.game}_{t.seed}", t)
     return index
+
+
+_ID_FORMS = (("alfworld", re.compile(r"(^|/)trial_[^/]+(/game\.tw-pddl)?$")),
+             ("sciworld", re.compile(r"^(\d+|task-.+)_\d+$")),
+             ("webshop", re.compile(r"^(fixed_)?\d+$")))
+
+
+def guess_env(ids: Iterable[str]) -> str | None:
+    """The environment whose id form all of ``ids`` have (the authors' ids: ALFWorld ``game_file``
+    trials, ScienceWorld ``<number|name>_<variation>``, WebShop goal indices), for error messages."""
+    ids = [str(i) for i in ids]
+    for env, form in _ID_FORMS:
+        if ids and all(form.search(i) for i in ids):
+            return env
+    return None
 
 
 def match_task(obj: dict[str, Any], index: dict[str, Any]) -> Any | None:
     """The environment task an imported entry belongs to (None: no such task).
 
     ScienceWorld ``<task number>_<variation>`` and WebShop goal indices are this project's ids;
+    a ScienceWorld id in task-name form (``task-2a-test-conductivity-of-unknown-substances_456``)
+    is the same task under its ``taskname2id.json`` number (``10_456``);
     ALFWorld's ``game_file`` (``.../<task folder>/<trial>[/game.tw-pddl]``) is matched on its
     ``<task folder>/<trial>``, then on the trial alone.
     """
@@ -275,9 +301,15 @@ def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tu
         seen.add(task.task_id)
         episodes.append(bind_task(ep, task, env_version))
     if not episodes:
+        run_env = tasks[0].env if tasks else "-"
+        theirs = guess_env(unmatched)
+        what = (f"it is the file of another environment: its ids are those of environment {theirs!r}, and "
+                f"this run's environment is {run_env!r}"
+                if theirs and theirs != run_env else f"is it the file of another environment than {run_env!r}?")
         raise RecordError(f"{path}: none of its {total} trajectories matches a task of the training split "
-                          f"({len(tasks)} tasks, ids like {tasks[0].task_id if tasks else '-'}; the file's "
-                          f"ids: {unmatched[:3]}): is it the file of another environment?")
+                          f"of environment {run_env!r} ({len(tasks)} tasks, ids like "
+                          f"{tasks[0].task_id if tasks else '-'}; the file's ids: {unmatched[:3]}): {what} "
+                          f"(experts.source=gold, or a file of {run_env!r})")
     report = {"source": str(path), "entries": total, "imported": len(episodes),
               "unmatched": len(unmatched), "unmatched_ids": unmatched[:20],
               "duplicates": len(duplicates), "duplicate_ids": duplicates[:20],
@@ -294,3 +326,106 @@ def read_eto_pairs(path: str | os.PathLike) -> list[dict[str, Any]]:
         except (ValueError, TypeError, KeyError) as exc:
             raise RecordError(f"{where}: not an ETO preference pair: {exc}") from None
     return out
+
+
+# -- evaluation outputs (the explorations construct_preference.py reads) ------------------------
+# The authors' eval_agent/main.py writes one file per task, outputs/<model>/<task>/<task id>.json,
+# holding State.to_dict() (eval_agent/utils/datatypes.py): {"meta": {steps, reward, finished,
+# success, terminate_reason, error}, "conversations": [instruction, "OK", in-context example
+# turns, task, gpt, observation, ...]}. construct_preference.py keys on the file name up to its
+# first "." (ALFWorld: on meta.error, the game file, its second-to-last folder), skips its
+# pred_traj_offset turns (instruction, "OK" and the example) and, in ScienceWorld, cuts
+# "Task Description:\n" off the task turn.
+AUTHORS_OFFSET = {"webshop": 10, "sciworld": 16, "alfworld": 12}  # construct_preference.py pred_traj_offset
+SCIWORLD_TASK_PREFIX = "Task Description:\n"
+IDS_FILE = "ids.jsonl"  # file name -> id; not *.json, so their readers skip it
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def file_safe(id: str) -> str:
+    """``id`` as a file name their reader gives back whole: every character but letters, digits,
+    ``_`` and ``-`` (TWX ids hold ``/``; a ``.`` would end the id for ``file.split('.')[0]``)
+    becomes ``+XX`` (its hex code), so distinct ids never share a file."""
+    return re.sub(r"[^A-Za-z0-9_-]", lambda m: "".join(f"+{b:02X}" for b in m.group().encode()), id)
+
+
+def prompt_example(version: str) -> list[dict[str, str]] | None:
+    """The in-context example turns of the shipped prompt profile (configs/prompt/*.yaml) whose
+    ``version`` is ``version``; None when no shipped profile has it. Episodes do not store the
+    example (it is never trained on), their evaluation outputs do."""
+    from omegaconf import OmegaConf
+
+    for p in sorted((_PROJECT_ROOT / "configs" / "prompt").glob("*.yaml")):
+        prof = OmegaConf.to_container(OmegaConf.load(p))
+        if isinstance(prof, dict) and prof.get("version") == version:
+            return list(prof.get("example") or [])
+    return None
+
+
+def to_eval_output(ep: Episode, id: str | None = None, example: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """One episode as the authors' evaluation output: ``{"id", "env", "meta", "conversations"}``
+    (``id`` and ``env`` are ours, for the export's file name and folder; their readers ignore them).
+
+    The conversation is the opening, ``example`` (default: the example of the episode's shipped
+    prompt profile), the task turn (``Task Description:`` first in ScienceWorld, as their
+    environment writes it and their reader cuts it), every action and every observation, the last
+    one included (their reader drops a final human turn). For their three environments the
+    turns before the task must be their ``pred_traj_offset``, or their reader would cut the
+    trajectory wrong: a ``ValueError`` says so.
+    """
+    if example is None:
+        example = prompt_example(ep.prompt_version) or []
+    # the opening (instruction + "OK"; a system turn becomes one), without the task turn
+    opening = to_sharegpt(to_messages(ep)[:context_length(ep) - 1] or [{"role": "system", "content": ""}])
+    head = opening + to_sharegpt(example)
+    want = AUTHORS_OFFSET.get(ep.env)
+    if want is not None and len(head) != want:
+        raise ValueError(
+            f"episode {ep.episode_id} ({ep.env}, prompt {ep.prompt_version!r}): {len(head)} turns before the task, "
+            f"but the authors' construct_preference.py skips {want} in {ep.env} (instruction, 'OK' and their "
+            f"one-shot example): export episodes played with the paper's prompt (prompt={ep.env}_eto)")
+    task = ep.first_user
+    if ep.env == "sciworld" and not task.startswith(SCIWORLD_TASK_PREFIX):
+        task = SCIWORLD_TASK_PREFIX + task
+    conv = head + [{"from": "human", "value": task}]
+    for s in ep.steps:
+        conv += [{"from": "gpt", "value": s.raw_output}, {"from": "human", "value": s.observation}]
+    error = ep.error
+    if ep.env == "alfworld":  # their ALFWorld env stores the game file in meta.error, and their reader keys on it
+        error = f"{ALFWORLD_DATA_ROOT}/{ep.fold}/{ep.task_id}/game.tw-pddl"
+    meta = {"steps": ep.num_steps, "reward": ep.final_score, "finished": True,
+            "success": ep.success, "terminate_reason": "success" if ep.success else ep.status, "error": error}
+    return {"id": id or eto_id(ep), "env": ep.env, "meta": meta, "conversations": conv}
+
+
+def write_eval_outputs(out: str | os.PathLike, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``rows`` (:func:`to_eval_output`) as ``out/<env>/<file-safe id>.json``, one file per
+    record, and ``out/ids.jsonl`` (file -> id); the folder is written aside and swapped in whole.
+    ``out`` is what their construct_preference.py calls ``outputs/<model>``."""
+    import shutil
+
+    from .store import write_atomic
+
+    out = Path(out)
+    if out.suffix in (".json", ".jsonl"):
+        raise ValueError(f"export.output: {out}: the authors' evaluation layout is a folder (one file per task), "
+                         f"e.g. {out.with_suffix('')}/outputs/<model name>")
+    files: dict[str, str] = {}
+    for r in rows:
+        name = f"{r.get('env', 'episodes')}/{file_safe(str(r['id']))}.json"
+        if name in files:
+            raise ValueError(f"export: two records would both be {name} (ids {files[name]!r} and {r['id']!r})")
+        files[name] = str(r["id"])
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for r, name in zip(rows, files):
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(json.dumps(r, ensure_ascii=False, indent=4) + "\n", encoding="utf-8")
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_atomic(tmp / IDS_FILE, "".join(json.dumps({"file": n, "id": i}) + "\n" for n, i in files.items()))
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return {"files": len(files), "ids_file": str(out / IDS_FILE)}

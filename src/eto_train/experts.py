@@ -51,9 +51,18 @@ def expert_episode(env: Environment, task: Task, prompt: PromptConfig,
     return ep
 
 
-def read_experts(path) -> list[Episode]:
+class ExpertsEnvError(ValueError):
+    """An experts file of another environment than the run's."""
+
+
+def read_experts(path, env: str | None = None) -> list[Episode]:
     """The expert episodes of ``path`` (``paths.experts``), with an error that names the file
-    and the stage that writes it when there is no file or no episode in it."""
+    and the stage that writes it when there is no file or no episode in it.
+
+    ``env`` (the run's ``env.name``): every episode must be of that environment; an experts file
+    of another one (a copied ``experts/train.jsonl``, ``paths.experts`` of another run) is refused
+    with the file, both environments and the first such line, before anything trains on it.
+    """
     from pathlib import Path
 
     from .store import read_episodes
@@ -68,4 +77,13 @@ def read_experts(path) -> list[Episode]:
             f"{path}: empty experts file (0 episodes); {writer} (if it says up to date, delete "
             f"{path.parent / 'manifest.json'} first). If it writes none either, the training split is empty "
             f"(env.splits.train, env.tasks) or experts.source matches no training task")
+    if env is not None:
+        for i, ep in enumerate(episodes, start=1):
+            if ep.env != env:
+                found = sorted({e.env for e in episodes})
+                raise ExpertsEnvError(
+                    f"{path}: an experts file of environment {', '.join(map(repr, found))} (episode {i}, task "
+                    f"{ep.task_id!r}), but this run's environment is env.name={env!r}: rebuild it for this "
+                    f"environment (`eto-train experts` with this run's overrides; experts.source= a file of "
+                    f"{env!r} or gold) or point paths.experts at this environment's file")
     return episodes

@@ -10,24 +10,30 @@ from __future__ import annotations
 import json
 import os
 import re
+from importlib.metadata import version as _version
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .eto_format import eto_id, pair_to_eto, to_eto
+from .eto_format import eto_id, pair_to_eto, to_eto, to_eval_output, write_eval_outputs
 from .pairs import Pair, pair_from_dict
 from .records import NOT_POLICY_FAULT, Episode, RecordError, to_messages
+from .redact import Redactor
 from .store import read_jsonl, write_atomic, write_jsonl
 
-EXPORT_FORMATS = ("eto", "messages", "episodes")  # the authors' layouts | chat messages (TRL) | full records
+# the authors' layouts | chat messages (TRL) | full records | the authors' evaluation outputs (a
+# folder, one file per task: what their construct_preference.py reads; eto_format.write_eval_outputs)
+EXPORT_FORMATS = ("eto", "messages", "episodes", "eto_eval")
 
 
 @dataclass
 class ExportConfig:
     format: str = "eto"  # eto (ShareGPT conversations) | messages (chat) | episodes (full records)
     drop_fields: list[str] = field(default_factory=list)  # dotted paths, e.g. "policy.path", "steps.latency_s"
-    redact_patterns: list[str] = field(default_factory=list)  # regexes; matches become ``replacement``
+    redact_patterns: list[str] = field(default_factory=list)  # the user's regexes; matches become ``replacement``
     replacement: str = "[REDACTED]"
+    detect_secrets: bool = True  # detect-secrets' plugins and the project's named patterns (redact.py)
+    entropy_limit: float | None = 4.5  # base64 strings above it (bits/char, 20+ chars) are secrets; None: off
     skip_statuses: list[str] = field(default_factory=lambda: list(NOT_POLICY_FAULT))
 
     def __post_init__(self) -> None:
@@ -42,11 +48,20 @@ class ExportConfig:
                 self._compiled.append(re.compile(p))
             except (re.error, TypeError) as exc:
                 raise ValueError(f"export.redact_patterns[{i}]: invalid regex {p!r}: {exc}") from None
+        if not isinstance(self.detect_secrets, bool):
+            raise ValueError(f"export.detect_secrets: {self.detect_secrets!r} is not true or false")
+        if self.entropy_limit is not None and (isinstance(self.entropy_limit, bool)
+                                               or not isinstance(self.entropy_limit, (int, float))
+                                               or not 0 < self.entropy_limit <= 8):
+            raise ValueError(f"export.entropy_limit: {self.entropy_limit!r} is not null or a number in (0, 8] "
+                             f"(bits per character)")
 
 
 def _episode_record(ep: Episode, fmt: str, id: str) -> dict[str, Any]:
     if fmt == "eto":
         return to_eto(ep, id=id)
+    if fmt == "eto_eval":
+        return to_eval_output(ep, id=id)
     if fmt == "messages":
         return {"id": id, "task_id": ep.task_id, "messages": to_messages(ep),
                 "reward": ep.final_score, "success": ep.success}
@@ -54,6 +69,9 @@ def _episode_record(ep: Episode, fmt: str, id: str) -> dict[str, Any]:
 
 
 def _pair_record(pair: Pair, fmt: str, id: str) -> dict[str, Any]:
+    if fmt == "eto_eval":
+        raise ValueError(f"export.format=eto_eval holds episodes (the authors' evaluation outputs), not pairs "
+                         f"(pair {pair.pair_id}): export pairs with format eto")
     if fmt == "eto":  # the authors' construct_preference.py layout, read by their train_dpo.py
         return pair_to_eto(pair, id=id)
     if fmt == "messages":  # TRL's conversational preference format
@@ -85,19 +103,6 @@ def _drop(obj: Any, parts: list[str]) -> bool:
     return _drop(obj[parts[0]], parts[1:])
 
 
-def _redact(obj: Any, patterns: list[re.Pattern], replacement: str, counts: list[int]) -> Any:
-    if isinstance(obj, str):
-        for i, p in enumerate(patterns):
-            obj, n = p.subn(replacement, obj)
-            counts[i] += n
-        return obj
-    if isinstance(obj, list):
-        return [_redact(x, patterns, replacement, counts) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _redact(v, patterns, replacement, counts) for k, v in obj.items()}
-    return obj
-
-
 def export_training_data(inputs: str | os.PathLike | list, output: str | os.PathLike,
                          cfg: ExportConfig | dict[str, Any] | None = None) -> dict[str, Any]:
     """Write episodes (or pairs) from ``inputs`` to ``output`` for training; returns a report.
@@ -107,7 +112,9 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
     conversations with the instruction/"OK" opening; pairs as ``{id, prompt, chosen,
     rejected}`` of ShareGPT turns); ``messages``, chat messages (TRL's formats); ``episodes``,
     the full records. Ids are distinct (see :func:`_distinct_ids`). Then every
-    ``drop_fields`` path is removed and every ``redact_patterns`` match in any text is replaced.
+    ``drop_fields`` path is removed, and in every string of every record each ``redact_patterns``
+    match and (``detect_secrets``, on by default) each secret found by :class:`redact.Redactor`
+    is replaced; the report counts them by pattern (``redactions``) and by kind (``secrets_redacted``).
     A drop path that matches no field of any record is an error (a typo must not leak a field).
     The output is written atomically and may not be one of the inputs; a ``.json`` output is a
     JSON list (the authors' files), anything else JSON Lines.
@@ -145,12 +152,18 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
     if rows and unmatched:
         raise ValueError(f"export.drop_fields: {unmatched} match no field of the exported records "
                          f"(format {cfg.format!r}); nothing was written")
-    counts = [0] * len(cfg._compiled)
-    rows = [_redact(r, cfg._compiled, cfg.replacement, counts) for r in rows]
-    if out.suffix == ".json":  # a JSON list, as the authors' files (their trainers json.load them)
+    with Redactor(cfg.redact_patterns, cfg.replacement, cfg.detect_secrets, cfg.entropy_limit) as redact:
+        rows = [redact(r) for r in rows]
+    counts = redact.counts
+    if cfg.format == "eto_eval":  # a folder: <output>/<env>/<file-safe id>.json and ids.jsonl (eto_format.py)
+        write_eval_outputs(out, rows)
+    elif out.suffix == ".json":  # a JSON list, as the authors' files (their trainers json.load them)
         write_atomic(out, json.dumps(rows, ensure_ascii=False, indent=2) + "\n")
     else:
         write_jsonl(out, rows)
     return {"inputs": [str(p) for p in paths], "output": str(out), "records_read": read, "exported": len(rows),
             "skipped": skipped, "dropped_fields": list(cfg.drop_fields),
-            "redactions": dict(zip(cfg.redact_patterns, counts))}
+            "redactions": {p: counts[p] for p in cfg.redact_patterns},
+            "secrets_redacted": {k: n for k, n in sorted(counts.items()) if k not in cfg.redact_patterns and n},
+            "secret_detection": "off" if not cfg.detect_secrets else
+            f"detect-secrets {_version('detect-secrets')} + named patterns (entropy limit {cfg.entropy_limit})"}

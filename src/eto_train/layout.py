@@ -95,6 +95,46 @@ def episodes(folder: Path, split: str | None = None) -> Path:
     return (folder / split if split else folder) / EPISODES
 
 
+# -- which stage rebuilds a damaged output ---------------------------------------------------------
+
+# a stage's name (its manifest's "stage", first part) -> the command that runs it again
+REBUILD = {"experts": "make experts", "model": "make model", "bc": "make bc", "pretrain": "make pretrain",
+           "dpo": "make eto", "explore": "make eto", "explore-step": "make compare-contrast",
+           "compare": "make compare-contrast"}
+
+
+def writer_stage(path: str | Path) -> str | None:
+    """The finished stage whose recorded output ``path`` is (``<stage folder>/<output>``, the
+    stage's "done" manifest beside it listing it), or None."""
+    import json
+
+    path = Path(path)
+    try:
+        m = json.loads((path.parent / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("status") != "done" or not isinstance(m.get("stage"), str) \
+            or path.name not in (m.get("output_files") or {}):  # manifest.OUTPUT_FILES
+        return None
+    return m["stage"]
+
+
+def rebuild_hint(path: str | Path) -> str | None:
+    """"Re-run `make bc` (stage bc)" for an output of a finished stage; None for any other file.
+    Rerunning it redoes the stage, since a finished stage re-checks its outputs (manifest.Stage.done)."""
+    stage = writer_stage(path)
+    if stage is None:
+        return None
+    head = stage.split("/", 1)[0]
+    if head == "eval":  # eval/<tag>/<split>: BC's by `make eval`; the others by the stage that evaluates them
+        tag = (stage.split("/") + [""])[1]
+        cmd = ("make eval" if tag == "bc" else "make eto" if tag == "eto_best" or tag.startswith("iter")
+               else f"make eval ARGS='eval.tag={tag} eval.policy=<its policy>'")
+    else:
+        cmd = REBUILD.get(head, f"eto-train {head}")
+    return f"Re-run `{cmd}` (stage {stage})"
+
+
 # -- sweeps -----------------------------------------------------------------------------------------
 
 def _swept_overrides(hc) -> list[str]:

@@ -15,6 +15,18 @@ Three rules keep what was written (see :class:`Stage`):
   reruns a finished folder in ``<folder>/.next/`` and swaps the new outputs in when it finishes
   (a swap cut by a kill is completed by the next run), so a failed rerun leaves the last good
   result and its "done" manifest in place.
+
+Two more keep a finished result honest (:class:`DamagedManifest`, :meth:`Stage.damage`):
+
+- a manifest that cannot be read (not JSON, cut short, not a stage's manifest) stops the stage
+  with an error naming the file; it is never taken for "not finished" (which would start over
+  and, for a rollout stage, replay over the finished episodes);
+- done means whole: ``finish()`` records each declared output's files (sizes, mtimes) and
+  content hash in the manifest; ``done()`` re-checks them (a stat per file; the hash only when a
+  size or mtime changed, through ``store.identity_sha256``'s sidecar) and redoes, aside, a
+  finished stage whose outputs are missing, cut or changed, naming each file. A stage's inputs
+  that are another stage's outputs are checked the same way: a damaged one is an error naming
+  the stage that rebuilds it.
 """
 
 from __future__ import annotations
@@ -29,17 +41,151 @@ from typing import Any
 from . import tracking
 from .distributed import is_main
 from .locks import acquire_lock, release_lock
+from .layout import rebuild_hint
+from .records import RecordError
 from .runtime import _threads, config_hash, versions
-from .store import file_sha256, umask_modes, write_json
+from .store import file_sha256, identity_sha256, is_identity_file, umask_modes, write_json
 
 NEXT, OLD = ".next", ".old"  # a rerun of a finished stage works in NEXT; OLD holds what a swap replaces
+STATUSES = ("running", "done")
+OUTPUT_FILES = "output_files"  # the manifest's record of a finished stage's outputs (see Stage.finish)
+
+
+class DamagedManifest(RecordError):
+    """A stage's ``manifest.json`` that cannot be read as one (or is missing beside the stage's
+    outputs): the stage stops before it touches anything; the message names the file and what to do."""
+
+
+class DamagedInput(RecordError):
+    """An input of a stage that is a finished stage's output and is no longer what that stage
+    wrote (missing, cut, changed): the message names the file and the stage that rebuilds it."""
+
+
+def _damaged(path: Path, why: str) -> DamagedManifest:
+    folder = path.parent.parent if path.parent.name == NEXT else path.parent
+    return DamagedManifest(
+        f"{path}: damaged stage manifest ({why}). Nothing was changed: the stage cannot tell what its folder "
+        f"holds. Restore the file (e.g. from a backup), or remove {folder} to redo the stage")
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest at ``path``; None only when there is none. One that cannot be read, is not
+    JSON or is not a stage manifest is a :class:`DamagedManifest`, never "not finished"."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        data = path.read_bytes()
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise _damaged(path, f"unreadable: {exc.strerror or exc}") from None
+    try:
+        m = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _damaged(path, f"not valid UTF-8 at byte {exc.start}") from None
+    except json.JSONDecodeError as exc:
+        cut = " (cut short?)" if exc.pos >= len(data.rstrip()) else ""
+        raise _damaged(path, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}{cut}") from None
+    why = _schema_error(m)
+    if why:
+        raise _damaged(path, why)
+    return m
+
+
+def _schema_error(m: Any) -> str | None:
+    if not isinstance(m, dict):
+        return f"a JSON {type(m).__name__}, not an object"
+    if not isinstance(m.get("stage"), str):
+        return "no 'stage' name"
+    if m.get("status") not in STATUSES:
+        return f"status {m.get('status')!r}, not one of {', '.join(STATUSES)}"
+    if not isinstance(m.get("config_hash"), str):
+        return "no 'config_hash'"
+    if not isinstance(m.get("input_hashes"), (dict, type(None))):
+        return "'input_hashes' is not an object"
+    rec = m.get(OUTPUT_FILES)
+    if rec is not None and not (isinstance(rec, dict) and all(
+            v is None or (isinstance(v, dict) and isinstance(v.get("sha256"), str)
+                          and isinstance(v.get("files"), dict)) for v in rec.values())):
+        return f"'{OUTPUT_FILES}' is not a record of output files"
+    return None
+
+
+def _output_files(p: Path) -> list[Path]:
+    """The files of one output (a file, or every file under a folder but the identity sidecars)."""
+    if p.is_dir():
+        return sorted(f for f in p.rglob("*") if f.is_file() and not is_identity_file(f.name))
+    return [p]
+
+
+def _output_sha256(p: Path) -> str:
+    """An output's content hash, answered from the identity sidecar while no size or mtime changed:
+    a folder's is ``file_sha256`` (its own ``.identity.json``, which moves with it), a file's is kept
+    in its stage folder's sidecar under ``output:<name>`` (store.identity_sha256)."""
+    if p.is_dir():
+        return file_sha256(p)
+    return identity_sha256(p.parent, f"output:{p.name}", [p])
+
+
+def record_outputs(folder: Path, names: list[str]) -> dict[str, Any]:
+    """What :meth:`Stage.finish` keeps of each output in ``folder``: its files' sizes and mtimes
+    and its content hash (None for an output the stage did not write this time)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        p = folder / name
+        if not (p.exists() or p.is_symlink()):
+            out[name] = None
+            continue
+        files = {f.relative_to(folder).as_posix(): [f.stat().st_size, f.stat().st_mtime_ns] for f in _output_files(p)}
+        out[name] = {"sha256": _output_sha256(p), "files": files}
+    return out
+
+
+def output_damage(folder: Path, manifest: dict[str, Any], names: list[str] | None = None) -> list[str]:
+    """How a finished stage's outputs (``names``; default: every recorded one) differ from what its
+    manifest recorded, one line per file (empty when whole, or when the manifest predates the
+    record). An output with the same files and sizes is compared by content hash, which
+    ``store.identity_sha256`` answers from the sidecar by a stat per file while no mtime changed
+    (no content read); otherwise it re-hashes."""
+    problems: list[str] = []
+    for name, rec in (manifest.get(OUTPUT_FILES) or {}).items():
+        if rec is None or (names is not None and name not in names):
+            continue
+        p = folder / name
+        if not p.exists():
+            problems.append(f"{p}: missing")
+            continue
+        now = {f.relative_to(folder).as_posix(): [f.stat().st_size, f.stat().st_mtime_ns] for f in _output_files(p)}
+        was = rec["files"]
+        if set(now) == set(was) and all(now[k][0] == was[k][0] for k in now) and _output_sha256(p) == rec["sha256"]:
+            continue
+        lines = []
+        for rel in sorted(set(now) | set(was)):
+            if rel not in now:
+                lines.append(f"{folder / rel}: missing")
+            elif rel not in was:
+                lines.append(f"{folder / rel}: not written by the stage")
+            elif now[rel][0] != was[rel][0]:
+                lines.append(f"{folder / rel}: {was[rel][0]} bytes when finished, now {now[rel][0]}"
+                             + (" (cut short)" if now[rel][0] < was[rel][0] else ""))
+            elif now[rel][1] != was[rel][1]:
+                lines.append(f"{folder / rel}: changed since the stage finished (same size, other content)")
+        problems.extend(lines or [f"{p}: content changed since the stage finished"])
+    return problems
+
+
+def check_input(key: str, path: str | os.PathLike, stage: str) -> None:
+    """An input that is a finished stage's output (``<folder>/<name>`` beside that stage's manifest)
+    must still be what that stage wrote: else :class:`DamagedInput` naming the stage that rebuilds it."""
+    p = Path(path)
+    try:
+        m = _read_manifest(p.parent / "manifest.json")
+    except DamagedManifest:
+        return  # the writer's own run reports its manifest; the input's bytes are checked by its reader
+    if not m or m.get("status") != "done" or p.name not in (m.get(OUTPUT_FILES) or {}):
+        return
+    damage = output_damage(p.parent, {OUTPUT_FILES: {p.name: m[OUTPUT_FILES][p.name]}})
+    if damage:
+        raise DamagedInput(f"stage {stage}: input {key!r} is damaged: {'; '.join(damage)}. "
+                           f"{rebuild_hint(p) or 'Re-run the stage that wrote it'} to rebuild it")
 
 
 def _remove(p: Path) -> None:
@@ -99,6 +245,7 @@ class Stage:
             if not Path(v).exists():
                 raise FileNotFoundError(f"stage {self.name}: input {k!r} not found at {v} "
                                         f"(run the stage that writes it first)")
+            check_input(k, v, self.name)
             out[k] = file_sha256(v)
         return out
 
@@ -111,8 +258,19 @@ class Stage:
         if lock and is_main():
             acquire_lock(self.dir, self.name)
             self._locked = True
-            self._roll_forward()
-        finished = (_read_manifest(self.manifest_path) or {}).get("status") == "done"
+        try:
+            if self._locked:
+                self._roll_forward()
+            m = _read_manifest(self.manifest_path)  # a damaged one stops the stage here, nothing touched
+            present = [n for n in self.outputs or [] if (self.dir / n).exists()]
+            if m is None and present:  # outputs nobody can vouch for: never deleted, never taken as done
+                raise _damaged(self.manifest_path, f"missing, beside the outputs {', '.join(present)}")
+            if self.outputs:
+                _read_manifest(self.dir / NEXT / "manifest.json")  # a damaged aside folder stops it too
+        except BaseException:
+            self.release()
+            raise
+        finished = (m or {}).get("status") == "done"
         self.work = self.dir / NEXT if self.outputs and finished else self.dir
 
     def done(self, lock: bool = True) -> bool:
@@ -124,6 +282,13 @@ class Stage:
         self._prepare(lock)
         old = _read_manifest(self.manifest_path)
         same = bool(old) and old.get("status") == "done" and self._same(old)
+        # a look at a cache (no outputs declared) checks what was copied there (copy_outputs: some outputs)
+        self.damage = output_damage(self.dir, old, self.outputs if self.outputs is not None else
+                                    [n for n in os.listdir(self.dir) if n != "manifest.json"]) if same else []
+        if self.damage:
+            print(f"[{self.name}] finished in {self.dir}, but its outputs are not what it wrote: "
+                  + "; ".join(self.damage) + ". Redoing it (aside; the files stay until the new result is whole)")
+            same = False
         if same:
             print(f"[{self.name}] up to date in {self.dir} (same config and inputs): nothing to do")
             if self._locked:
@@ -173,6 +338,8 @@ class Stage:
             "input_hashes": getattr(self, "input_hashes", None) or self._input_hashes(),
             "versions": versions(), "threads": _threads(), "seconds": round(time.time() - self.started, 2),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "metrics": metrics or {}, **extra}
+        if self.outputs:  # done means whole: what the outputs are, re-checked by done()
+            manifest[OUTPUT_FILES] = record_outputs(self.work, self.outputs)
         if self.work != self.dir:
             write_json(self.work / "manifest.json", manifest)  # the commit: the new result is whole
             self._roll_forward()
@@ -195,8 +362,10 @@ class Stage:
         write_json(nxt / ".outputs", self.outputs or names)
         for name in names:
             (shutil.copytree if (src / name).is_dir() else shutil.copyfile)(src / name, nxt / name)
-        shutil.copyfile(src / "manifest.json", nxt / ".manifest.json.tmp")
-        os.replace(nxt / ".manifest.json.tmp", nxt / "manifest.json")  # the commit
+        m = _read_manifest(src / "manifest.json")
+        if isinstance(m.get(OUTPUT_FILES), dict):  # the record of what was copied, not of what stayed there
+            m[OUTPUT_FILES] = {k: v for k, v in m[OUTPUT_FILES].items() if k in names}
+        write_json(nxt / "manifest.json", m)  # the commit (atomic)
         self._roll_forward()
         self.work = self.dir
         self.release()
@@ -210,7 +379,11 @@ class Stage:
         """When ``cache`` holds a finished copy of this very stage (same config and inputs, by
         content: e.g. another job of a sweep trained it), make it this stage's result
         (:meth:`adopt`) and return True. Call after :meth:`done` said there is work."""
-        if not Stage(self.name, cache, self.config, self.inputs).done(lock=False):
+        try:
+            if not Stage(self.name, cache, self.config, self.inputs).done(lock=False):
+                return False
+        except DamagedManifest as exc:  # a damaged copy in the cache is not reused: this stage does the work
+            print(f"[{self.name}] not reusing the cache: {exc}")
             return False
         print(f"[{self.name}] the same work already ran: reusing {cache}")
         self.adopt(cache, names)

@@ -13,6 +13,13 @@ the expert's a_t, both conditioned on the instruction and the expert prefix.
 Episodes whose status says the policy was not at fault (environment, orchestrator or
 evaluator failures) never become negatives.
 
+The expert's reward in these comparisons (``eto.pairs.expert_reward``): ``file``, the expert
+episode's own final score (a gold path's, or the ``reward`` of an imported file entry);
+``authors``, the rule of the authors' ``construct_preference.py`` (repository
+Yifan-Song793/ETO, ``build_preference`` and ``build_preference_alfworld``): the gold
+trajectory scores 1.0 in ScienceWorld and ALFWorld, and the file's ``reward`` in WebShop (and,
+beyond their three environments, the episode's own score). See :func:`pairing_reward`.
+
 The pairs file (``pairs.jsonl``, as ``stages.pairs`` writes it) is read back checked
 (:func:`read_pairs` / :func:`pair_from_dict` name the line and the field of a bad record), and
 :func:`check_pairs_policy` checks that the pairs were explored by the DPO reference policy.
@@ -20,6 +27,7 @@ The pairs file (``pairs.jsonl``, as ``stages.pairs`` writes it) is read back che
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from dataclasses import asdict, dataclass, fields
@@ -30,6 +38,10 @@ from .store import read_jsonl
 
 ROLES = ("system", "user", "assistant")
 PAIR_KINDS = ("trajectory", "step", "self")
+EXPERT_REWARDS = ("file", "authors")  # eto.pairs.expert_reward
+# environments where the authors' construct_preference.py fixes the gold reward at 1.0
+# (build_preference: ``if args.task == 'sciworld'``; build_preference_alfworld: sciworld or alfworld)
+AUTHORS_GOLD_ONE = ("sciworld", "alfworld")
 
 
 @dataclass
@@ -48,6 +60,28 @@ class Pair:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def pairing_reward(expert: Episode, rule: str = "file") -> float:
+    """The expert's reward that an agent episode is compared with (``eto.pairs.expert_reward``).
+
+    ``file``: the expert episode's final score. ``authors``: 1.0 in ScienceWorld and ALFWorld
+    whatever the file says (an imported entry at 0.72 counts as 1.0, so an agent at 0.8 is
+    rejected and one at 0.72 is a pair), the episode's score elsewhere (WebShop's file reward).
+    """
+    if rule not in EXPERT_REWARDS:
+        raise ValueError(f"eto.pairs.expert_reward={rule!r}: one of {list(EXPERT_REWARDS)}")
+    return 1.0 if rule == "authors" and expert.env in AUTHORS_GOLD_ONE else expert.final_score
+
+
+def for_pairing(expert: Episode, rule: str = "file") -> Episode:
+    """``expert`` with its final score set to :func:`pairing_reward` (a copy; the record is untouched)."""
+    score = pairing_reward(expert, rule)
+    if score == expert.final_score:
+        return expert
+    out = copy.copy(expert)
+    out.final_score = score
+    return out
 
 
 def _pid(*parts: Any) -> str:

@@ -18,7 +18,15 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from .layout import rebuild_hint
 from .records import Episode, RecordError
+
+
+def _rebuilt_by(path: Path) -> str:
+    """For an error in a finished stage's output: which command rebuilds it (a rerun of that stage
+    finds its output damaged and redoes it, manifest.Stage.done)."""
+    hint = rebuild_hint(path)
+    return f". {hint} to rebuild it" if hint else ""
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
@@ -122,12 +130,14 @@ def read_jsonl(path: str | os.PathLike, allow_partial_tail: bool = False) -> Ite
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise RecordError(f"{path}:{i}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise RecordError(f"{path}:{i}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                              f"{_rebuilt_by(path)}") from None
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             hint = " (truncated line?)" if i == len(lines) and tail_partial else ""
-            raise RecordError(f"{path}:{i}: malformed JSON: {exc.msg} at column {exc.colno}{hint}") from None
+            raise RecordError(f"{path}:{i}: malformed JSON: {exc.msg} at column {exc.colno}{hint}"
+                              f"{_rebuilt_by(path)}") from None
         yield i, obj
 
 
@@ -137,7 +147,7 @@ def read_episodes(path: str | os.PathLike, allow_partial_tail: bool = False) -> 
         try:
             out.append(Episode.from_dict(obj))
         except (ValueError, TypeError, KeyError) as exc:
-            raise RecordError(f"{path}:{lineno}: not an episode record: {exc}") from None
+            raise RecordError(f"{path}:{lineno}: not an episode record: {exc}{_rebuilt_by(Path(path))}") from None
     return out
 
 

@@ -44,6 +44,7 @@ from .envs.faults import KINDS as FAULT_KINDS
 from .envs.scienceworld import SIMPLIFICATIONS as SCIWORLD_SIMPLIFICATIONS
 from .envs.textworld_express import ACTION_FORMS as TWX_GAMES, FOLDS as TWX_FOLDS
 from .export import EXPORT_FORMATS
+from .pairs import EXPERT_REWARDS
 from .prompting import OPENINGS, PromptConfig
 from .records import STATUSES
 
@@ -654,6 +655,7 @@ class _Checker:
         self.enum("eto.pairs.chosen", CHOSEN)
         self.number("eto.pairs.extra_turns", ge=0, integer=True, null="the rejected side is not cut")
         self.enum("eto.pairs.rejected_cut", REJECTED_CUTS)
+        self.enum("eto.pairs.expert_reward", EXPERT_REWARDS)
         self.enum("eto.pairs.step_positions", STEP_POSITIONS)
         self.number("eto.pairs.step_samples", ge=1, integer=True)
         self.number("eto.pairs.mixture_step_fraction", ge=0, le=1)
@@ -789,6 +791,8 @@ class _Checker:
         v = self.get("export.replacement")
         if v not in (_ABSENT, _UNRESOLVED) and not isinstance(v, str):
             self.bad("export.replacement", v, "a string")
+        self.boolean("export.detect_secrets")
+        self.number("export.entropy_limit", gt=0, le=8, null="no entropy detector", when=" (bits per character)")
         self.str_list("export.skip_statuses", choices=STATUSES, nonempty=False)
 
     def bench(self) -> None:

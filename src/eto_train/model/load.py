@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,15 @@ def weights_sha256(path: str | Path, full: bool = False) -> str:
 
 
 def policy_ref(path_or_id: str, name: str | None = None, full: bool = False) -> PolicyRef:
+    """The policy's identity; a local folder is checked whole first (:func:`check_checkpoint`)
+    and coherent (:func:`check_coherence`): every stage that plays or compares a policy asks for
+    its identity before it writes anything (a folder with no tokenizer file, as the identity
+    tests' bare weights, is only hashed: loading it names what is missing)."""
     check_checkpoint(path_or_id)
     p = Path(path_or_id)
     if p.is_dir():
+        if any((p / n).exists() for n in TOKENIZER_FILES):
+            check_coherence(p)
         sha = weights_sha256(p, full=full)
         return PolicyRef(id=f"{name or p.name}@{sha[:12]}", path=str(p), weights_sha256=sha)
     return PolicyRef(id=f"{path_or_id}@hub", path=str(path_or_id), weights_sha256="")
@@ -107,8 +115,11 @@ def _check_safetensors(f: Path) -> None:
         with safe_open(str(f), framework="pt") as fh:
             fh.keys()
     except Exception as exc:
-        raise CheckpointError(f"{f}: corrupt safetensors weights ({exc}); "
-                              f"re-run the stage that wrote this checkpoint") from None
+        from ..layout import rebuild_hint  # e.g. "Re-run `make bc` (stage bc)": that rerun redoes it
+
+        hint = rebuild_hint(f.parent)
+        todo = f"{hint} to rebuild it" if hint else "re-run the stage that wrote this checkpoint"
+        raise CheckpointError(f"{f}: corrupt safetensors weights ({exc}); {todo}") from None
 
 
 def load_tokenizer(path_or_id: str, trust_remote_code: bool = False, chat_template: str | None = None):
@@ -121,10 +132,83 @@ def load_tokenizer(path_or_id: str, trust_remote_code: bool = False, chat_templa
         tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
     if chat_template:
         tok.chat_template = chat_template
+    if is_local(path_or_id):
+        check_coherence(path_or_id, tok)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_EMBEDDING = re.compile(r"(?:^|\.)(?:embed_tokens|wte|embed_in|word_embeddings)\.weight$")
+
+
+def embedding_rows(path: str | Path) -> tuple[int, str]:
+    """The input embedding's row count of a local checkpoint and where it was read: the
+    safetensors header of its embedding tensor (no weights are loaded), else config.json's
+    ``vocab_size`` (its ``text_config``'s for multimodal configs)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                if _EMBEDDING.search(key):
+                    return int(fh.get_slice(key).get_shape()[0]), f"{key} in {f.name}"
+    cfg = json.loads((path / "config.json").read_text())
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int):
+        raise CheckpointError(f"{path}: no embedding tensor in its safetensors and no vocab_size in config.json")
+    return vocab, "config.json vocab_size"
+
+
+def _special_ids(tok) -> dict[str, int]:
+    """Named special-token ids (bos, eos, pad, unk, the extra special tokens) and the added
+    tokens the chat template writes (its end-of-turn marks: ``<|im_end|>``, ``<|eot_id|>``, ...)."""
+    ids = {}
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        tid = getattr(tok, f"{name}_id", None)
+        if isinstance(tid, int):
+            ids[f"{name} {getattr(tok, name)!r}"] = tid
+    for t, tid in zip(tok.all_special_tokens, tok.all_special_ids):
+        ids.setdefault(f"special token {t!r}", tid)
+    template = tok.chat_template if isinstance(tok.chat_template, str) else ""
+    for t, tid in tok.get_added_vocab().items():
+        if t and t in template:
+            ids.setdefault(f"chat-template token {t!r}", tid)
+    return ids
+
+
+def check_coherence(path: str | Path, tok=None) -> None:
+    """A policy folder whose tokenizer and weights do not belong together is refused, naming the
+    folder and both numbers: more tokens than the embedding has rows (the extra ids would index
+    past it: an IndexError on CPU, a device-side assert or silent garbage on GPU), a special or
+    chat-template token whose id falls outside it, or no chat template at all (every prompt and
+    training mask is built with it; ``model.chat_template`` supplies one to a training stage).
+    The embedding's size is read from the safetensors header; ``tok`` is loaded when not given.
+    Fewer tokens than rows is normal (embeddings padded to a multiple of 64 or 128)."""
+    path = Path(path)
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path))
+    rows, where = embedding_rows(path)
+    n = len(tok)
+    if n > rows:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {n} tokens but the embedding has {rows} rows ({where}); token ids "
+            f"{rows}..{n - 1} would index past it. Use the tokenizer saved with these weights, or resize the "
+            f"embedding (model.resize_token_embeddings(len(tokenizer))) and save both")
+    outside = {k: v for k, v in _special_ids(tok).items() if not 0 <= v < rows}
+    if outside:
+        listed = ", ".join(f"{k} = id {v}" for k, v in outside.items())
+        raise CheckpointError(f"{path}: {listed}: outside the embedding's {rows} rows ({where}); the tokenizer "
+                              f"({n} tokens) does not belong to these weights")
+    if not tok.chat_template:
+        raise CheckpointError(f"{path}: the tokenizer has no chat template (tokenizer_config.json / "
+                              f"chat_template.jinja); prompts are built with it. Set model.chat_template, or save "
+                              f"the policy with its template")
 
 
 @contextmanager

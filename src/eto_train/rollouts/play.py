@@ -178,7 +178,10 @@ class Rollouts:
             # A finished stage's episodes stay in place while a rerun plays into stage.work (.next)
             resumable = stage.begin()
             file, shards = stage.work / layout.EPISODES, stage.work / SHARDS
-            if not resumable:  # results of another config or policy: start clean
+            # not resumable: the partial play of another config or policy, under its "running" manifest
+            # (a finished play is never here: its rerun works in .next; a damaged or missing manifest
+            # beside episodes stopped stage.done() with DamagedManifest, so nothing unvouched is deleted)
+            if not resumable:  # start clean
                 file.unlink(missing_ok=True)
                 shutil.rmtree(shards, ignore_errors=True)
             drop_partial_tail(file)  # a killed writer's half line must not merge with new appends

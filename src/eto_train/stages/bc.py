@@ -35,7 +35,7 @@ def run(cfg) -> dict | None:
         return None
 
     def job() -> recipe.Job:  # check, then touch: the expert trajectories are read whole first
-        convs = sft_conversations(read_experts(cfg.paths.experts), only_success=cfg.bc.only_success)
+        convs = sft_conversations(read_experts(cfg.paths.experts, cfg.env.name), only_success=cfg.bc.only_success)
         return recipe.Job("bc", "sft", cfg.model.path, convs, to_plain(cfg.bc), to_plain(cfg.model), cfg.seed,
                           cfg.trust_remote_code)
 

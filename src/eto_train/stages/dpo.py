@@ -29,6 +29,21 @@ def hyperparameters(cfg, iteration: int) -> dict:
     return d
 
 
+def last_dpo_log(log_history: list[dict]) -> dict:
+    """The newest log entry with TRL's DPO metrics (``rewards/accuracies``, ``logps/chosen``, ...).
+
+    TRL keeps the metrics of the steps since the last log and adds them to the next one
+    (trl/trainer/dpo_trainer.py ``DPOTrainer.log``); when training ends before a logging step
+    (a run of fewer steps than ``logging_steps``, e.g. a single step) that is the Trainer's
+    final entry, which has ``train_loss`` but no ``loss``: a summary of the ``loss`` entries only
+    found nothing and printed NaN."""
+    dpo = [h for h in log_history if "rewards/accuracies" in h]
+    if dpo:
+        return dpo[-1]
+    losses = [h for h in log_history if "loss" in h]
+    return losses[-1] if losses else {}
+
+
 @dataclass
 class Trained:
     """A DPO stage's result: the new policy's folder, the settings it trained with, its metrics."""
@@ -69,7 +84,8 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
 
     def metrics(t: recipe.Trained) -> dict:
         logs = t.loss_logs()
-        return {"pairs": t.rows, "first_log": logs[0] if logs else {}, "last_log": logs[-1] if logs else {}}
+        return {"pairs": t.rows, "first_log": logs[0] if logs else {},
+                "last_log": last_dpo_log(t.trainer.state.log_history)}
 
     trained = recipe.run_stage(stage, job, metrics, console)
     if world_size() == 1:

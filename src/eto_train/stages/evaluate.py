@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import layout
+from ..errors import remove_empty_tree
 from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
 from ..rollouts.play import Rollouts
@@ -21,7 +22,20 @@ from ..validate import check_config
 
 
 def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
-    """Play ``splits`` with the policy at ``policy_path``; results under ``out_root/<split>``."""
+    """Play ``splits`` with the policy at ``policy_path``; results under ``out_root/<split>``.
+
+    A failed start (a checkpoint refused, e.g. NaN weights) leaves no empty ``out_root``: the
+    split's lock, taken before the checkpoint is checked, was its only content."""
+    existed = out_root.exists()
+    try:
+        return _evaluate_policy(cfg, policy_path, tag, splits, out_root)
+    except BaseException:
+        if not existed:
+            remove_empty_tree(out_root)  # folders only, and only empty ones
+        raise
+
+
+def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
     setup_runtime(cfg.runtime.rollout_threads)
     ref = policy_ref(policy_path, name=tag)
     rollouts = Rollouts(cfg, policy_path, ref, sampling=to_plain(cfg.eval.generation),

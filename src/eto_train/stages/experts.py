@@ -34,12 +34,14 @@ def run(cfg) -> None:
     scope = {k: env_cfg[k] for k in env_cfg if k not in ("splits", "faults", "metric", "workers")
              and not (k == "dev_holdout" and not env_cfg[k])} | {"train_split": env_cfg["splits"]["train"]}
     if source == "gold":
-        stage = Stage("experts", out.parent, {"env": scope, "prompt": to_plain(cfg.prompt), "source": source})
+        stage = Stage("experts", out.parent, {"env": scope, "prompt": to_plain(cfg.prompt), "source": source},
+                      outputs=[out.name])
     else:
         if not Path(source).is_file():
             raise FileNotFoundError(f"experts.source: {source}: no such file (the authors' <env>_sft.json, or 'gold')")
         # imported trajectories keep their own prompt: the prompt profile does not shape them
-        stage = Stage("experts", out.parent, {"env": scope, "source": source}, inputs={"source": source})
+        stage = Stage("experts", out.parent, {"env": scope, "source": source}, inputs={"source": source},
+                      outputs=[out.name])
     if stage.done():
         return
     env = make_env(env_cfg)
@@ -51,7 +53,8 @@ def run(cfg) -> None:
             episodes = _play_gold(env, prompt, console)
     finally:
         env.close()
-    write_jsonl(out, (e.to_dict() for e in episodes))
+    # a rerun of a finished stage (other config, or its file found damaged) writes aside, swapped in at finish
+    write_jsonl(stage.work / out.name, (e.to_dict() for e in episodes))
     steps = [e.num_steps for e in episodes]
     if source == "gold":
         lost = [e.task_id for e in episodes if not e.success]

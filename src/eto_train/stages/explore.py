@@ -55,7 +55,8 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
     pc = cfg.eto.pairs
     if pc.contrast in ("step", "mixture") and pc.step_positions != "first_divergence":
         ids = {t.task_id for t in tasks}
-        experts = {e.task_id: e for e in read_experts(cfg.paths.experts) if e.task_id in ids and usable(e)}
+        experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name)
+                   if e.task_id in ids and usable(e)}
         rng = random.Random(cfg.seed + iteration)
         by_id = {t.task_id: t for t in tasks}
         prefix_work = [WorkItem(by_id[tid], 0, tuple(s.action for s in e.steps[:t]))

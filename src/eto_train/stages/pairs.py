@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..experts import read_experts, usable
-from ..pairs import Pair, first_divergence, pair_stats, self_pair, step_pair, trajectory_pair
+from ..pairs import Pair, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
 from ..records import NOT_POLICY_FAULT, Episode
 from .. import layout, tracking
 from ..distributed import is_main
@@ -20,6 +20,11 @@ from ..store import write_json, write_jsonl
 def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
                 continuations: list[Episode], seed: int) -> tuple[list[Pair], dict]:
     pc = cfg.eto.pairs
+    # the expert's reward as the comparisons see it (eto.pairs.expert_reward; absent: "file", as before)
+    rule = pc.get("expert_reward", "file") or "file"
+    paired = {tid: for_pairing(e, rule) for tid, e in experts.items()}
+    raised = sorted(tid for tid in paired if paired[tid] is not experts[tid])  # file reward < 1 read as 1.0
+    experts = paired
     by_task: dict[str, list[Episode]] = defaultdict(list)
     for e in explored:
         by_task[e.task_id].append(e)
@@ -54,12 +59,13 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
     stats = pair_stats(pairs, {e.task_id for e in explored})
     stats["episodes"] = len(explored) + len(continuations)
     stats["environment_failures"] = sum(e.status in NOT_POLICY_FAULT for e in explored + continuations)
+    stats["expert_reward"] = {"rule": rule, "experts_read_as_1": len(raised), "examples": raised[:5]}
     return pairs, stats
 
 
 def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:
     console = Console(markup=False)
-    experts = {e.task_id: e for e in read_experts(cfg.paths.experts) if usable(e)}
+    experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name) if usable(e)}
     pairs, stats = build_pairs(cfg, experts, explored, continuations, cfg.seed + iteration)
     stats["config"] = to_plain(cfg.eto.pairs)
     write_jsonl(layout.pairs_file(out), (p.to_dict() for p in pairs))

@@ -1,0 +1,261 @@
+"""Errors as one clear block (issue 26, item 5): what `eto-train` prints and exits with, and what a
+failed start leaves behind (nothing), a full disk and a read-only run folder named, a one-step
+DPO's summary, and a paper-sized experiment on a CPU refused at once."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_pipeline import ROOT, TOY
+
+from eto_train import cli, errors
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eto_train.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} \
+        if root.exists() else {}
+
+
+def _one_block(proc, stage: str) -> str:
+    """stderr: `eto-train <stage>: ...` and nothing of Hydra's traceback; no stdout."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+    assert "HYDRA_FULL_ERROR" not in proc.stderr
+    assert proc.stderr.startswith(f"eto-train {stage}: "), proc.stderr
+    return proc.stderr
+
+
+def test_a_refused_value_is_one_block_exit_2_and_no_folder_is_written(tmp_path):
+    proc = _cli("bc", f"paths.runs={tmp_path}/runs", "run_name=r", "bc.epochs=-1")
+    err = _one_block(proc, "bc")
+    assert "bc.epochs=-1: a number > 0" in err  # key, value, what is allowed
+    assert not (tmp_path / "runs").exists()  # not even Hydra's logs/<time>-bc
+
+
+def test_the_full_traceback_with_the_environment_variable(tmp_path):
+    for var in (errors.TRACEBACK_ENV, "HYDRA_FULL_ERROR"):
+        proc = _cli("bc", f"paths.runs={tmp_path}/runs", "run_name=r", "bc.epochs=-1", env={var: "1"})
+        assert proc.returncode == 2
+        assert "Traceback (most recent call last)" in proc.stderr and "check_config" in proc.stderr
+        assert proc.stderr.rstrip().endswith("bc.epochs=-1: a number > 0")
+
+
+def test_a_key_of_another_section_names_where_it_lives(tmp_path):
+    proc = _cli("eval", f"paths.runs={tmp_path}/runs", "run_name=r", "eval.beta=0.1")
+    err = _one_block(proc, "eval")
+    assert len(err.strip().splitlines()) == 1
+    assert "eval.beta=0.1: no such key (eval has no 'beta': not in struct); did you mean eto.dpo.beta" in err
+    assert "+eval.beta=0.1" in err and "eval has: backend, batch_size" in err  # what is allowed
+    # a misspelled key: its closest spellings
+    err = _one_block(_cli("eval", f"paths.runs={tmp_path}/runs", "eval.tmperature=0"), "eval")
+    assert "did you mean eval.generation.temperature" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_config_option_is_one_block_listing_the_options(tmp_path):
+    err = _one_block(_cli("bc", f"paths.runs={tmp_path}/runs", "experiment=nope"), "bc")
+    assert "Could not find 'experiment/nope'" in err and "sciworld_llama2_7b" in err
+    assert "Config search path" not in err
+
+
+def test_a_failed_start_after_hydra_started_leaves_the_run_folder_as_it_was(tmp_path):
+    """An input error inside the job (here a policy folder that does not exist): Hydra's log folder
+    of this command is removed; what the run folder held is untouched."""
+    run = tmp_path / "runs" / "r"
+    (run / "logs" / "20260101-000000-bc").mkdir(parents=True)
+    (run / "logs" / "20260101-000000-bc" / "bc.log").write_text("an earlier run's log\n")
+    (run / "kept.txt").write_text("finished work\n")
+    before = _tree(run)
+    proc = _cli("eval", f"paths.runs={tmp_path}/runs", "run_name=r", *TOY, f"eval.policy={tmp_path}/no_such_policy")
+    err = _one_block(proc, "eval")
+    assert f"{tmp_path}/no_such_policy" in err
+    assert _tree(run) == before
+    assert sorted(p.name for p in (run / "logs").iterdir()) == ["20260101-000000-bc"]
+    assert not (run / "eval").exists()  # nor an empty eval/<tag>/
+
+
+def test_a_paper_experiment_on_a_cpu_stops_at_the_device_check(tmp_path):
+    proc = _cli("bc", "experiment=sciworld_llama2_7b", f"paths.runs={tmp_path}/runs",
+                env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "CUDA_VISIBLE_DEVICES": ""})
+    err = _one_block(proc, "bc")
+    assert err.startswith("eto-train bc: DeviceError: model llama2-7b-chat (meta-llama/Llama-2-7b-chat-hf, "
+                          "about 7.0B parameters, bfloat16, full fine-tuning) needs a CUDA GPU; this machine has none")
+    assert "make rehearse" in err
+    assert "not in the Hugging Face cache" in err  # and, in the same message, the weights are not here either
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_device_check_passes_small_models_and_sizes_from_config_json(tmp_path):
+    from omegaconf import OmegaConf
+
+    from eto_train.device_check import DeviceError, check_device, parameters
+
+    assert parameters("meta-llama/Llama-2-7b-chat-hf") == 7e9
+    assert parameters("Qwen/Qwen2.5-7B-Instruct") == 7e9 and parameters("google/gemma-3-1b-it") == 1e9
+    (tmp_path / "config.json").write_text('{"hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32000, '
+                                          '"intermediate_size": 11008}')
+    assert 6.5e9 < parameters(str(tmp_path)) < 6.9e9  # Llama-2-7B's shape
+    cfg = OmegaConf.create({"model": {"name": "m", "path": str(tmp_path), "build": False, "dtype": "bfloat16",
+                                      "lora": None, "quantization": None}, "eval": {"policy": "x"}})
+    with pytest.raises(DeviceError, match=r"about 6\.\dB parameters, bfloat16, full fine-tuning\) needs a CUDA GPU"):
+        check_device(cfg, "bc")
+    check_device(cfg, "report")  # reads files only
+    cfg.model.path = "google/gemma-3-1b-it"
+    check_device(cfg, "bc")  # 1B: rehearses on a CPU
+
+
+def test_a_full_disk_names_the_stage_the_path_the_free_space_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    """ENOSPC while the experts stage writes its file: one block, exit 1, the run folder without
+    a log folder of this command, and the rerun (space freed) finishes."""
+    from eto_train import store
+
+    real = store.write_jsonl
+
+    def full(path, rows):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(store, "write_jsonl", full)
+    monkeypatch.setattr("eto_train.stages.experts.write_jsonl", full)
+    monkeypatch.setattr(sys, "argv", ["eto-train"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["experts", f"paths.runs={tmp_path}/runs", "run_name=r", *TOY])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("eto-train experts: cannot write [experts] ") and "Traceback" not in err
+    assert "train.jsonl: no space left on device (" in err and " free of " in err
+    assert "free space and rerun the same command: finished work is kept" in err
+    assert not list((tmp_path / "runs" / "r").glob("logs/*"))
+    monkeypatch.setattr("eto_train.stages.experts.write_jsonl", real)
+    monkeypatch.setattr(store, "write_jsonl", real)
+    cli.main(["experts", f"paths.runs={tmp_path}/runs", "run_name=r", *TOY])
+    assert (tmp_path / "runs" / "r" / "experts" / "train.jsonl").stat().st_size > 0
+
+
+def test_a_read_only_folder_is_named_and_the_log_goes_elsewhere(tmp_path, monkeypatch, capsys):
+    """A run folder that cannot be written (simulated: as root, permission bits do not stop writes):
+    the log folder goes to a temporary folder with a one-line note, and a write the stage needs
+    fails as one block naming the path."""
+    monkeypatch.setattr(errors, "writable", lambda folder: False)
+    monkeypatch.setattr(sys, "argv", ["eto-train"])
+
+    def read_only(path, rows):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr("eto_train.stages.experts.write_jsonl", read_only)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["experts", f"paths.runs={tmp_path}/runs", "run_name=ro", *TOY])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert f"eto-train: note: {tmp_path}/runs/ro is not writable; this command's log folder is under " in err
+    assert "read-only file system" in err and "make the folder writable" in err
+    assert not (tmp_path / "runs" / "ro" / "logs").exists()
+
+
+def test_disk_messages_name_path_and_free_space(tmp_path):
+    text = errors.disk_message(OSError(errno.ENOSPC, "No space left", str(tmp_path / "a" / "episodes.jsonl")),
+                               "eval/bc/seen")
+    assert text.startswith(f"cannot write [eval/bc/seen] {tmp_path}/a/episodes.jsonl: no space left on device (")
+    assert "free space and rerun" in text
+
+
+def test_a_one_step_dpo_summary_has_the_values_trl_logged(tmp_path, tiny_model_dir, expert_episodes):
+    """max_steps=1 with logging_steps=10: TRL's metrics are only in the Trainer's final entry."""
+    from datasets import Dataset
+    from test_dpo import DPO, _two_turn_pair
+
+    from eto_train.model.load import load_model, load_tokenizer
+    from eto_train.stages.dpo import last_dpo_log
+    from eto_train.training.dpo import dpo_config, make_dpo_trainer
+
+    tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
+    pairs = [_two_turn_pair(e) for e in expert_episodes[:2]]
+    ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs])
+    trainer = make_dpo_trainer(model, None, tok, ds,
+                               dpo_config(str(tmp_path), {**DPO, "max_steps": 1, "logging_steps": 10}, 0, "none"))
+    trainer.train()
+    history = trainer.state.log_history
+    assert not [h for h in history if "loss" in h]  # what the summary read before: nothing, so NaN
+    last = last_dpo_log(history)
+    for key in ("rewards/accuracies", "logps/chosen", "logps/rejected"):
+        assert math.isfinite(last[key]), (key, last)
+
+
+def _read_only_run(run: Path, *args: str) -> subprocess.CompletedProcess:
+    """``eto-train <args>`` with ``run`` really read-only: a read-only bind mount in a mount namespace
+    of its own as root (permission bits do not stop root), the permission bits otherwise."""
+    command = [sys.executable, "-m", "eto_train.cli", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if os.geteuid() != 0:
+        folders = [run, *[p for p in run.rglob("*") if p.is_dir()]]
+        for f in folders:
+            f.chmod(0o555)
+        try:
+            return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        finally:
+            for f in folders:
+                f.chmod(0o755)
+    import shlex
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to mount a folder read-only as root")
+    script = (f"mount --bind {run} {run} && mount -o remount,bind,ro {run} || exit 99; "
+              f"touch {run}/probe 2>/dev/null && exit 98; exec {shlex.join(command)}")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)
+    if proc.returncode in (98, 99):
+        pytest.skip(f"this machine cannot mount a folder read-only ({proc.stderr.strip()[:200]})")
+    return proc
+
+
+def test_export_runs_on_a_really_read_only_run_folder_and_a_writing_stage_names_the_path(tmp_path):
+    runs = f"paths.runs={tmp_path}/runs"
+    assert _cli("experts", runs, "run_name=r", *TOY).returncode == 0
+    run = tmp_path / "runs" / "r"
+    before = _tree(run)
+    proc = _read_only_run(run, "export", runs, "run_name=r", f"export.output={tmp_path}/out.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    assert f"eto-train: note: {run} is not writable; this command's log folder is under " in proc.stderr
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 8
+    proc = _read_only_run(run, "experts", runs, "run_name=r", *TOY, "env.splits.train.count=3")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"eto-train experts: cannot write [experts] {run}/" in proc.stderr
+    assert "read-only file system (" in proc.stderr and " free of " in proc.stderr
+    assert _tree(run) == before
+
+
+def test_a_refused_nan_checkpoint_leaves_no_empty_evaluation_folder(tmp_path, tiny_model_dir, monkeypatch):
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+    from safetensors.torch import load_file, save_file
+
+    from eto_train.rollouts import play
+    from eto_train.stages.evaluate import evaluate_policy
+    from eto_train.training.save import NonFiniteError
+
+    nan = tmp_path / "nan_model"
+    shutil.copytree(tiny_model_dir, nan)
+    weights = load_file(str(nan / "model.safetensors"))
+    name = sorted(weights)[0]
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, str(nan / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(play, "make_policy", lambda *a, **k: pytest.fail("a NaN policy was loaded to play"))
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="nan"):
+        cfg = compose("config", overrides=[f"paths.runs={tmp_path}/runs", "run_name=r", *TOY])
+    out = tmp_path / "runs" / "r" / "eval" / "nan"
+    with pytest.raises(NonFiniteError):
+        evaluate_policy(cfg, str(nan), "nan", ["seen"], out)
+    assert not out.exists()
