@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_durability import _compose, _no_rollouts, files, manifest
+from test_durability import _compose, _no_rollouts, files, finished_toy_run, manifest
 from test_pipeline import TOY
 
 from eto_train.locks import lock_path
@@ -31,17 +31,9 @@ DEMO_EPISODES = 100  # the demo's evaluation size: 50 seeds of `seen` per game, 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished toy run, with BC evaluated on 4 `seen` episodes (tag bc) and on 100 (tag demo)."""
-    from eto_train.stages import bc, evaluate, experts, model
     from eto_train.stages.evaluate import evaluate_policy
 
-    runs = tmp_path_factory.mktemp("runs")
-    overrides = [*TOY, f"paths.runs={runs}", "run_name=toy", "eval.splits=[seen]"]
-    cfg = _compose(overrides)
-    experts.run(cfg)
-    model.run(cfg)
-    bc.run(cfg)
-    evaluate.run(cfg)
-    run = runs / "toy"
+    run, overrides = finished_toy_run(tmp_path_factory.mktemp("runs"))
     big = _compose([o for o in overrides if not o.startswith("env.splits.seen.count=")]
                    + [f"env.splits.seen.count={DEMO_EPISODES // 2}"])
     evaluate_policy(big, str(run / "bc" / "model"), "demo", ["seen"], run / "eval" / "demo")

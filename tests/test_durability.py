@@ -52,19 +52,25 @@ def manifest(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """A finished toy run: experts, model, bc and BC's evaluation on `seen` (4 episodes)."""
+def finished_toy_run(runs: Path) -> tuple[Path, list[str]]:
+    """Experts, model, bc and BC's evaluation on `seen` (4 episodes) in ``runs/toy``; the run folder
+    and the overrides that made it."""
     from eto_train.stages import bc, evaluate, experts, model
 
-    runs = tmp_path_factory.mktemp("runs")
     overrides = [*TOY, f"paths.runs={runs}", "run_name=toy", "eval.splits=[seen]"]
     cfg = _compose(overrides)
     experts.run(cfg)
     model.run(cfg)
     bc.run(cfg)
     evaluate.run(cfg)
-    run = runs / "toy"
+    return runs / "toy", overrides
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A finished toy run: experts, model, bc and BC's evaluation on `seen` (4 episodes)."""
+    runs = tmp_path_factory.mktemp("runs")
+    run, overrides = finished_toy_run(runs)
     assert manifest(run / "bc")["status"] == "done" and manifest(run / "eval" / "bc" / "seen")["status"] == "done"
     return {"runs": runs, "run": run, "overrides": overrides}
 

@@ -7,7 +7,10 @@
   appended to their ``episodes.jsonl``;
 * trainers (``bc``, ``dpo/iter1``, ...) hit at the end of each optimizer step with the global
   step as the count, before that step's checkpoint is written: with ``save_steps`` below n the
-  kill leaves an earlier checkpoint to resume from and a step to redo.
+  kill leaves an earlier checkpoint to resume from and a step to redo;
+* a trainer's save of its policy (``bc/save``, ``dpo/iter1/save``, ...; training/save.py) hits
+  twice: 1 once the weights and config are written but not the tokenizer, 2 once everything is
+  written but before it is checked (``check_policy``), so the stage is never done at either.
 
 A test sets the variable on the command it kills; nothing else should.
 """

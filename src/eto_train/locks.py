@@ -21,6 +21,19 @@ class StageLocked(RuntimeError):
     """Another live process is running the same stage (its lock file names it)."""
 
 
+# the lock file cannot be created: a read-only mount (EROFS, root included) or a folder without write permission
+_CANNOT_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def cannot_write(exc: BaseException, stage_dir: str | os.PathLike) -> bool:
+    """Whether ``exc`` (from :func:`acquire_lock`) says the stage's folder cannot be written at all, so
+    that no writer can be there either: a finished stage may then be looked at without its lock. A
+    lock file that exists but cannot be opened (another user's, perhaps live) is not such a case."""
+    if not isinstance(exc, OSError) or exc.errno not in _CANNOT_WRITE:
+        return False
+    return exc.errno == errno.EROFS or not os.path.lexists(lock_path(stage_dir))
+
+
 _held: dict[str, tuple[int, int]] = {}  # lock file -> (descriptor holding its flock, pid that took it)
 
 

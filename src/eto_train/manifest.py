@@ -40,7 +40,7 @@ from typing import Any
 
 from . import tracking
 from .distributed import is_main
-from .locks import acquire_lock, release_lock
+from .locks import acquire_lock, cannot_write, release_lock
 from .layout import rebuild_hint
 from .records import RecordError
 from .runtime import _threads, config_hash, versions
@@ -237,6 +237,7 @@ class Stage:
         self.work = self.dir
         self.started = time.time()
         self._locked = False
+        self._unwritable: OSError | None = None  # done() looked without the lock: the folder cannot be written
         self._tracked = False  # this stage's wandb run is open (tracking.start in begin)
 
     def _input_hashes(self) -> dict[str, str]:
@@ -253,11 +254,20 @@ class Stage:
         return bool(manifest) and manifest.get("config_hash") == config_hash(self.config) \
             and manifest.get("input_hashes") == self.input_hashes
 
-    def _prepare(self, lock: bool) -> None:
-        """Take the lock (main process), complete a committed swap, decide where this run writes."""
+    def _prepare(self, lock: bool, look: bool = False) -> None:
+        """Take the lock (main process), complete a committed swap, decide where this run writes.
+
+        ``look`` (done()): a folder that cannot be written at all (read-only mount, no permission)
+        has no writer, so it is looked at without the lock; done() raises the lock's error as soon
+        as there is work (begin() takes the lock, and fails, the same way)."""
         if lock and is_main():
-            acquire_lock(self.dir, self.name)
-            self._locked = True
+            try:
+                acquire_lock(self.dir, self.name)
+                self._locked = True
+            except OSError as exc:
+                if not (look and cannot_write(exc, self.dir)):
+                    raise
+                self._unwritable = exc
         try:
             if self._locked:
                 self._roll_forward()
@@ -277,11 +287,15 @@ class Stage:
         """True when a finished manifest matches this config and these inputs.
 
         Takes the stage's lock first (``lock=False``: a look at a finished copy elsewhere, e.g. a
-        sweep's cache, which takes none); the lock is kept when the stage has work to do."""
+        sweep's cache, which takes none); the lock is kept when the stage has work to do. A folder
+        that cannot be written (e.g. a read-only copy of a finished run) is looked at without the
+        lock: up to date answers True; work to do raises the OSError that taking the lock met."""
         self.input_hashes = self._input_hashes()
-        self._prepare(lock)
+        self._prepare(lock, look=True)
         old = _read_manifest(self.manifest_path)
         same = bool(old) and old.get("status") == "done" and self._same(old)
+        if self._unwritable is not None and self.outputs:  # a committed swap nobody could complete
+            same = same and (_read_manifest(self.dir / NEXT / "manifest.json") or {}).get("status") != "done"
         # a look at a cache (no outputs declared) checks what was copied there (copy_outputs: some outputs)
         self.damage = output_damage(self.dir, old, self.outputs if self.outputs is not None else
                                     [n for n in os.listdir(self.dir) if n != "manifest.json"]) if same else []
@@ -289,6 +303,10 @@ class Stage:
             print(f"[{self.name}] finished in {self.dir}, but its outputs are not what it wrote: "
                   + "; ".join(self.damage) + ". Redoing it (aside; the files stay until the new result is whole)")
             same = False
+        if self._unwritable is not None:  # work to do in a folder that cannot be written: the lock's error
+            exc, self._unwritable = self._unwritable, None
+            if not same:
+                raise exc
         if same:
             print(f"[{self.name}] up to date in {self.dir} (same config and inputs): nothing to do")
             if self._locked:

@@ -76,6 +76,19 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def write_json_if_changed(path: str | os.PathLike, obj: Any) -> bool:
+    """:func:`write_json`, unless ``path`` already holds exactly these bytes (then nothing is written,
+    so a rerun on a finished run folder, read-only included, leaves it as it was). True if written."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+    try:
+        if Path(path).read_bytes() == text.encode("utf-8"):
+            return False
+    except OSError:
+        pass
+    write_atomic(path, text)
+    return True
+
+
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
     """A whole JSON Lines file, written atomically (temporary file, then rename)."""
     write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))

@@ -18,6 +18,7 @@ dev evaluation altogether.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,25 @@ def check_selection(cfg, loop: bool = True) -> Selection:
 
 
 def latest_policy(cfg) -> tuple[int, str]:
-    """(last finished iteration, its policy folder); (0, bc policy) before any iteration."""
+    """(last finished iteration, its policy folder); (0, bc policy) before any iteration.
+
+    An iteration is finished once :func:`run_iteration` wrote its summary (its last write, after DPO
+    finished and the dev evaluation): not when its policy folder has a ``config.json``, which a
+    DPO killed while saving leaves beside a cut or unchecked policy (tests/test_kill_during_save.py)."""
     runs, k = layout.RunLayout.of(cfg), 0
-    while (layout.policy(layout.dpo_dir(runs.iteration(k + 1))) / "config.json").exists():
+    while (runs.iteration(k + 1) / layout.SUMMARY).exists():
         k += 1
     return k, str(layout.policy(layout.dpo_dir(runs.iteration(k))) if k else runs.bc_policy)
+
+
+def _finished(stage_dir: Path) -> bool:
+    """The stage in ``stage_dir`` finished (its manifest says done); a damaged manifest is not
+    (the stage's own rerun names it, manifest.DamagedManifest)."""
+    try:
+        m = json.loads((stage_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and m.get("status") == "done"
 
 
 def run_next_iteration(cfg) -> dict[str, Any] | None:
@@ -125,6 +140,9 @@ def run_next_iteration(cfg) -> dict[str, Any] | None:
         return None
     if not (Path(policy) / "config.json").exists():
         raise CheckpointError(f"{policy}: no behavior-cloned policy yet (run `make bc` or `eto-train bc` first)")
+    if k == 0 and not _finished(Path(policy).parent):  # e.g. bc killed while saving: a policy never checked
+        raise CheckpointError(f"{policy}: the bc stage that writes it has not finished ({Path(policy).parent}/"
+                              f"manifest.json is not done): run `make bc` or `eto-train bc` again to finish it")
     return run_iteration(cfg, k + 1, policy)
 
 

@@ -17,7 +17,7 @@ from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
 from ..rollouts.play import Rollouts
 from ..runtime import setup_runtime, to_plain
-from ..store import write_json
+from ..store import write_json_if_changed
 from ..validate import check_config
 
 
@@ -48,7 +48,8 @@ def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) ->
         res = evaluate(episodes)
         res["policy"] = ref.id
         results[split] = res
-        write_json(out / layout.METRICS, res)  # whole (temporary file, then rename), readable by the team
+        # whole (temporary file, then rename); not rewritten when unchanged (a finished run may be read-only)
+        write_json_if_changed(out / layout.METRICS, res)
     rollouts.close()
     return results
 

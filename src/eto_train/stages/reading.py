@@ -3,11 +3,15 @@
 Each policy of ``reading.policies`` plays ``reading.split`` (an ordinary eval stage under
 ``runs/<run>/eval/<tag>/<split>``, reused when it has been played already); then its first
 mapreader move and its first twc take are tested against the chance line of its own mix
-(src/eto_train/reading.py). Result: ``runs/<run>/reading/<split>.json`` and a table.
+(src/eto_train/reading.py). Result: ``runs/<run>/reading/<split>.json`` and a table. On a finished,
+read-only run folder nothing is written there: the evaluations are up to date (looked at without
+their locks, manifest.Stage.done), and a result that differs from the one kept goes to
+``$TMPDIR/eto-train-reading/<run_name>/`` (report.writable_place).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rich.console import Console
@@ -17,9 +21,10 @@ from ..envs import make_env
 from ..reading import first_move_test, first_take_test, right_answers
 from ..runtime import to_plain
 from .. import layout
-from ..store import read_episodes, write_json
+from ..store import read_episodes, write_json_if_changed
 from ..validate import check_config
 from .evaluate import evaluate_policy
+from .report import writable_place
 
 
 def run(cfg, policies: dict[str, str] | None = None) -> dict[str, Any]:
@@ -47,9 +52,19 @@ def run(cfg, policies: dict[str, str] | None = None) -> dict[str, Any]:
                         if by_game("mapreader") else None,
                         "first_take": first_take_test(by_game("twc"), takeable, **kw) if by_game("twc") else None}
     report = {"split": r.split, "alpha": r.alpha, "policies": results}
-    write_json(runs.run / "reading" / f"{r.split}.json", report)
+    out = runs.run / "reading" / f"{r.split}.json"
+    if not _holds(out, report):
+        write_json_if_changed(writable_place(cfg, out.parent, "reading") / out.name, report)
     Console(width=140, markup=False).print(table(report))
     return report
+
+
+def _holds(path, report: dict[str, Any]) -> bool:
+    """Whether ``path`` already holds this very result (then a rerun writes nothing)."""
+    try:
+        return json.loads(path.read_text()) == json.loads(json.dumps(report, default=str))
+    except (OSError, ValueError):
+        return False
 
 
 def table(report: dict[str, Any]) -> Table:

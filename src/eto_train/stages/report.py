@@ -4,17 +4,21 @@ It reads the ETO loop's result (`eto/result.json`, per-iteration dev metrics), t
 (`compare/compare.json` and its evaluations) and the best iteration's test evaluation, pairs
 every policy with BC and with the SFT control on the same held-out seeds, and writes
 ``report.md`` with a plot of success against iteration, the configs and the versions.
-Nothing here trains or plays: a report can be rebuilt at any time from a finished run.
+Nothing here trains or plays: a report can be rebuilt at any time from a finished run, read-only
+included: its files then go to ``$TMPDIR/eto-train-report/<run_name>/`` (:func:`writable_place`).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..errors import writable
 from ..evaluation import comparison
 from ..reporting import env_failures, fault_accounts, iteration_plot, pct, table_rows
 from .. import layout
@@ -76,7 +80,18 @@ def reading_section(rd: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
+def writable_place(cfg, folder: Path, what: str) -> Path:
+    """``folder`` (in the run folder) if it can be written, else ``$TMPDIR/eto-train-<what>/<run_name>``,
+    said in one line: a finished run that is read-only (a copy, an archive) still gets its report
+    and reading results, and nothing in it changes."""
+    if writable(folder):
+        return folder
+    where = Path(tempfile.gettempdir()) / f"eto-train-{what}" / str(cfg.run_name)
+    sys.stderr.write(f"eto-train: note: {folder} is not writable; {what} written to {where}\n")
+    return where
+
+
+def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str = "compare/compare.png") -> str:
     eto, dev = rep["eto"], cfg.eto.dev_split
     out = [f"# ETO demo report: run `{cfg.run_name}`", "",
            f"Environment `{cfg.env.name}` ({', '.join(g['name'] for g in cfg.env.games)}), model `{cfg.model.name}`, "
@@ -100,7 +115,7 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str) -> str:
     out += ["| " + " | ".join(cells) + " |" for cells in table_rows(rep["splits"], failures_cell)]
     out += ["", f"`control` continues BC with SFT on the {rep['control_of']} variant's chosen side "
             f"for the same number of optimizer steps as its DPO ({rep['compare_dpo_steps']}); trajectory/step/mixture "
-            "are single DPO iterations from BC on one shared exploration.", "", "![variants](compare/compare.png)", ""]
+            "are single DPO iterations from BC on one shared exploration.", "", f"![variants]({compare_png})", ""]
     v = rep["verdict"]
     if v is None:
         out.append("**Verdict:** no ETO iteration beat BC on the dev split; the best policy is BC.")
@@ -135,8 +150,11 @@ def run(cfg) -> Path:
                          "(eto.dev_split: null, the paper's profile: no selection); evaluate iterations with make eval")
     run_dir = Path(cfg.paths.run)
     rep = build(cfg)
-    iteration_plot(rep["eto"]["history"], run_dir / "success_vs_iteration.png", cfg.eto.dev_split)
-    write_json(run_dir / "report.json", rep)
-    path = run_dir / "report.md"
-    write_atomic(path, markdown(cfg, rep, "success_vs_iteration.png"))
+    out = writable_place(cfg, run_dir, "report")  # the run folder, unless it is read-only
+    out.mkdir(parents=True, exist_ok=True)
+    iteration_plot(rep["eto"]["history"], out / "success_vs_iteration.png", cfg.eto.dev_split)
+    write_json(out / "report.json", rep)
+    path = out / "report.md"
+    compare_png = "compare/compare.png" if out == run_dir else str(run_dir / "compare" / "compare.png")
+    write_atomic(path, markdown(cfg, rep, "success_vs_iteration.png", compare_png))
     return path

@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .. import killpoints
 from ..distributed import is_main, world_size
 from ..model.load import CheckpointError, check_checkpoint, load_model
 
@@ -219,7 +220,9 @@ def save_policy(trainer, tokenizer, out: str | Path, base: str, dtype: str,
     if world_size() == 1 and not is_quantized(model) and not is_fsdp2(model):  # FSDP2 even on one process: DTensors
         final = model.merge_and_unload() if peft else model
         _write(final, out, dtype, _cast_state(final, dtype))  # in model.dtype, not the fp32 masters
+        killpoints.hit(f"{stage}/save")  # tests only: weights written, no tokenizer yet
         tokenizer.save_pretrained(out)
+        killpoints.hit(f"{stage}/save")  # tests only: all written, not yet verified
         _verify(out, stage, trust_remote_code)
         return
     target = out.parent / "adapter" if peft else out
@@ -232,7 +235,9 @@ def save_policy(trainer, tokenizer, out: str | Path, base: str, dtype: str,
     (target / "training_args.bin").unlink(missing_ok=True)  # keep the folder a plain checkpoint
     if peft:
         merge_adapter(base, target, out, dtype, trust_remote_code)
+    killpoints.hit(f"{stage}/save")  # tests only: weights written, no tokenizer yet
     tokenizer.save_pretrained(out)
+    killpoints.hit(f"{stage}/save")  # tests only: all written, not yet verified
     _verify(out, stage, trust_remote_code)
 
 
