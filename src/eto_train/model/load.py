@@ -276,6 +276,12 @@ def check_quantization(quantization: dict[str, Any] | None) -> None:
                                f"CPU") from None
 
 
+def model_kwargs(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """``from_pretrained`` keywords the ``model`` section sets beyond dtype and quantization
+    (``model.attn_implementation``), for every load of a policy or reference for training."""
+    return {"attn_implementation": model_cfg["attn_implementation"]} if model_cfg.get("attn_implementation") else {}
+
+
 def train_dtype(model_cfg: dict[str, Any]) -> str:
     """The dtype a training stage loads the policy in, from the ``model`` section.
 

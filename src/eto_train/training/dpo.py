@@ -97,12 +97,11 @@ def fsdp_reference(base: str, model_cfg: dict[str, Any], trust_remote_code: bool
     loaded on the CPU in ``model.dtype``, in eval mode and frozen; TRL shards it onto the rank's
     GPU. With ``precompute_ref_log_probs`` it is used once and dropped (:func:`make_dpo_trainer`)."""
     from ..distributed import fsdp_enabled
-    from ..model.load import load_model
+    from ..model.load import load_model, model_kwargs
 
     if not fsdp_enabled() or model_cfg.get("lora"):
         return None
-    extra = {"attn_implementation": model_cfg["attn_implementation"]} if model_cfg.get("attn_implementation") else {}
-    ref = load_model(base, dtype=model_cfg["dtype"], trust_remote_code=trust_remote_code, **extra)
+    ref = load_model(base, dtype=model_cfg["dtype"], trust_remote_code=trust_remote_code, **model_kwargs(model_cfg))
     return ref.eval().requires_grad_(False)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 
 from .. import killpoints, layout, tracking
 from ..distributed import empty_model, is_main, loads_weights, wait_for_manifest, with_grad_accum, world_size
-from ..model.load import check_quantization, fp32_trainable, load_model, load_tokenizer, train_dtype
+from ..model.load import check_quantization, fp32_trainable, load_model, load_tokenizer, model_kwargs, train_dtype
 
 
 @dataclass
@@ -133,12 +133,11 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
     tokenizer = load_tokenizer(job.base, trust_remote_code=job.trust_remote_code,
                                chat_template=m.get("chat_template"))
     dataset, args, make = _trainer_parts(job, tokenizer, out)
-    extra = {"attn_implementation": m["attn_implementation"]} if m.get("attn_implementation") else {}
     # fp32 master weights for full fine-tuning (bf16: true is autocast only); LoRA: the base in model.dtype
     # under FSDP with RAM-efficient loading only the main process reads the weights (distributed.loads_weights)
     policy = (load_model if loads_weights(m) else empty_model)(job.base, dtype=train_dtype(m),
                                                              trust_remote_code=job.trust_remote_code,
-                                                             quantization=m.get("quantization"), **extra)
+                                                             quantization=m.get("quantization"), **model_kwargs(m))
     if begin is not None:
         resume = begin()
     if job.kind == "dpo" and world_size() > 1:
