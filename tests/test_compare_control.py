@@ -22,11 +22,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LORA = "model.lora={r:4,lora_alpha:8,lora_dropout:0.0,target_modules:[q_proj,v_proj]}"
 # DPO: 3 steps of 2 pairs x 2 accumulated (effective batch 4), a checkpoint after every step;
-# bc.batch_size=3: the control's per-device batch is 2 (the largest divisor of 4 up to 3), x 2
+# bc.per_device_train_batch_size=3: the control's per-device batch is 2 (the largest divisor of 4 up to 3), x 2
 SMALL = ["wandb.enabled=false", "runtime.train_threads=1", "runtime.rollout_threads=1",
-         "eto.dpo.max_steps=3", "eto.dpo.batch_size=2", "eto.dpo.grad_accum=2", "eto.dpo.save_steps=1",
-         "eto.dpo.logging_steps=1", "eto.dpo.lr=1e-3", "eto.dpo.loss_type=[sigmoid]", "eto.dpo.loss_weights=null",
-         "bc.batch_size=3", LORA]
+         "eto.dpo.max_steps=3", "eto.dpo.per_device_train_batch_size=2", "eto.dpo.gradient_accumulation_steps=2", "eto.dpo.save_steps=1",
+         "eto.dpo.logging_steps=1", "eto.dpo.learning_rate=1e-3", "eto.dpo.loss_type=[sigmoid]", "eto.dpo.loss_weights=null",
+         "bc.per_device_train_batch_size=3", LORA]
 
 # The control in a process of its own (to be SIGKILLed): argv[1] = [overrides, policy, variant dir, out]
 CONTROL_SCRIPT = """
@@ -126,7 +126,8 @@ def test_control_takes_as_many_optimizer_steps_and_examples_as_its_dpo(setup):
     from eto_train.distributed import grad_accum
 
     d = json.loads((setup["variant"] / "dpo" / "manifest.json").read_text())
-    dpo_steps, dpo_batch = d["metrics"]["optimizer_steps"], d["config"]["dpo"]["batch_size"] * grad_accum(d["config"]["dpo"])
+    dpo = d["config"]["dpo"]
+    dpo_steps, dpo_batch = d["metrics"]["optimizer_steps"], dpo["per_device_train_batch_size"] * grad_accum(dpo)
     assert (dpo_steps, dpo_batch) == (3, 4)
     c = json.loads((setup["control"].parent / "manifest.json").read_text())["metrics"]
     assert c["optimizer_steps"] == c["dpo_optimizer_steps"] == dpo_steps
@@ -142,17 +143,18 @@ def test_control_takes_as_many_optimizer_steps_and_examples_as_its_dpo(setup):
 def test_control_training_matches_the_dpo_batch_under_bc_memory_settings():
     from eto_train.stages.compare import control_training
 
-    bc = {"batch_size": 1, "weight_decay": 0.0, "bf16": True, "gradient_checkpointing": True, "use_cpu": False}
-    d = {"batch_size": 1, "grad_accum": 1, "effective_batch": 32, "lr": 1e-5, "scheduler": "cosine",
-         "warmup_ratio": 0.03, "max_length": 4096, "epochs": 1, "logging_steps": 5, "save_strategy": "steps",
-         "save_steps": 200, "save_total_limit": 1}
+    batch, accum = "per_device_train_batch_size", "gradient_accumulation_steps"
+    bc = {batch: 1, "weight_decay": 0.0, "bf16": True, "activation_checkpointing": True, "use_cpu": False}
+    d = {batch: 1, accum: 1, "effective_batch": 32, "learning_rate": 1e-5, "lr_scheduler_type": "cosine",
+         "warmup_steps": 0.03, "max_length": 4096, "num_train_epochs": 1, "logging_steps": 5,
+         "save_strategy": "steps", "save_steps": 200, "save_total_limit": 1}
     t = control_training(bc, d, 177)  # lora_24gb: SFT 1 sequence a step on the device, DPO 1 pair
-    assert (t["batch_size"], t["grad_accum"], t["effective_batch"], t["max_steps"]) == (1, 32, 32, 177)
-    assert t["lr"] == 1e-5 and t["gradient_checkpointing"] and t["bf16"]
-    t = control_training({**bc, "batch_size": 2}, d, 10)  # qlora_24gb: bc.batch_size=2
-    assert (t["batch_size"], t["grad_accum"]) == (2, 16)
-    t = control_training({**bc, "batch_size": 8}, {**d, "batch_size": 8, "effective_batch": None}, 18)  # CPU default
-    assert (t["batch_size"], t["grad_accum"], t["effective_batch"]) == (8, 1, 8)
+    assert (t[batch], t[accum], t["effective_batch"], t["max_steps"]) == (1, 32, 32, 177)
+    assert t["learning_rate"] == 1e-5 and t["activation_checkpointing"] and t["bf16"]
+    t = control_training({**bc, batch: 2}, d, 10)  # qlora_24gb: bc.per_device_train_batch_size=2
+    assert (t[batch], t[accum]) == (2, 16)
+    t = control_training({**bc, batch: 8}, {**d, batch: 8, "effective_batch": None}, 18)  # CPU default
+    assert (t[batch], t[accum], t["effective_batch"]) == (8, 1, 8)
 
 
 def _control_process(setup, out: Path, log: Path, kill_at: str | None = None) -> tuple[int, str]:

@@ -49,7 +49,7 @@ def compose(overrides: list[str]):
 def test_experiment_is_optional_and_the_cpu_default_unchanged():
     cfg = compose([])
     assert "experiment" not in cfg and "hardware" not in cfg
-    assert cfg.model.name == "tiny" and cfg.env.name == "twx" and cfg.bc.lr == 3.0e-3
+    assert cfg.model.name == "tiny" and cfg.env.name == "twx" and cfg.bc.learning_rate == 3.0e-3
     assert "effective_batch" not in cfg.bc and "quantization" not in cfg.model  # tiny runs' hashes kept
 
 
@@ -58,16 +58,15 @@ def test_the_fault_experiment_turns_on_ten_percent_faults_and_nothing_else():
     cfg = OmegaConf.to_container(compose(["experiment=faults10"]), resolve=True)
     rates = [cfg["env"]["faults"][k]["rate"] for k in ("timeout", "crash", "malformed")]
     p_any = 1 - (1 - rates[0]) * (1 - rates[1]) * (1 - rates[2])
-    assert abs(p_any - 0.10) < 0.005 and cfg["eval"]["env_retries"] == 3
+    assert abs(p_any - 0.10) < 0.005 and cfg["rollout"]["env_retries"] == 3
     for d in (base, cfg):
-        d["env"].pop("faults"), d["eval"].pop("env_retries")
+        d["env"].pop("faults"), d["rollout"].pop("env_retries")
     assert cfg == base
 
 
 @pytest.mark.parametrize("name", PAPER_EXPERIMENTS)
 def test_every_experiment_composes_and_resolves(name, searchpath, monkeypatch):
-    from eto_train.distributed import with_grad_accum
-    from eto_train.stages.dpo import hyperparameters
+    from eto_train.distributed import grad_accum
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     cfg = compose([f"experiment={name}", *searchpath])
@@ -78,28 +77,30 @@ def test_every_experiment_composes_and_resolves(name, searchpath, monkeypatch):
     assert plain["model"]["build"] is False and plain["model"]["dtype"] == "bfloat16"
     bc, dpo = plain["bc"], plain["eto"]["dpo"]
     # the paper's schedule and effective batches, whatever the hardware
-    assert (bc["epochs"], bc["scheduler"], bc["warmup_ratio"], bc["max_length"]) == (3, "cosine", 0.03, 4096)
-    assert bc["batch_size"] * with_grad_accum(bc)["grad_accum"] == 64
-    assert dpo["batch_size"] * with_grad_accum(dpo)["grad_accum"] == 32
-    assert dpo["epochs"] == 3 and plain["eto"]["iterations"] == 3
-    assert plain["eto"]["explore"]["do_sample"] is False and plain["eval"]["generation"]["do_sample"] is False
+    assert (bc["num_train_epochs"], bc["lr_scheduler_type"], bc["warmup_steps"], bc["max_length"]) == (3, "cosine", 0.03, 4096)
+    batch = "per_device_train_batch_size"
+    assert bc[batch] * grad_accum(bc) == 64
+    assert dpo[batch] * grad_accum(dpo) == 32
+    assert dpo["num_train_epochs"] == 3 and plain["eto"]["iterations"] == 3
+    explore = plain["eto"]["explore"]["rollout"]
+    assert explore["generation"]["do_sample"] is False and plain["rollout"]["generation"]["do_sample"] is False
     assert bc["bf16"] and dpo["bf16"] and not bc["use_cpu"] and not dpo["use_cpu"]
-    it1, it2 = hyperparameters(cfg, 1), hyperparameters(cfg, 2)
-    assert (it1["beta"], it2["beta"]) == (0.1, 0.5)
+    later = dpo["later"]  # iterations >= 2 (stages/dpo.py)
+    assert (dpo["beta"], later["beta"]) == (0.1, 0.5)
     if "24gb" in name:  # adapters on one GPU: LoRA everywhere, 4-bit base for QLoRA
-        assert plain["model"]["lora"]["r"] == 16 and bc["batch_size"] <= 2 and dpo["batch_size"] == 1
+        assert plain["model"]["lora"]["r"] == 16 and bc[batch] <= 2 and dpo[batch] == 1
         assert (plain["model"].get("quantization") or {}).get("load_in_4bit", False) == ("qlora" in name)
-        assert plain["eval"]["batch_size"] == plain["eto"]["explore"]["batch_size"] == 4  # the profile beats eval/gpu
+        assert plain["rollout"]["batch_size"] == explore["batch_size"] == 4  # the profile beats rollout/gpu
     else:  # the paper: full fine-tuning, its learning rates
         assert plain["model"]["lora"] is None and plain["model"]["quantization"] is None
-        assert (bc["lr"], it1["lr"], it2["lr"]) == (2.0e-5, 1.0e-6, 5.0e-7)
+        assert (bc["learning_rate"], dpo["learning_rate"], later["learning_rate"]) == (2.0e-5, 1.0e-6, 5.0e-7)
 
 
 def test_command_line_wins_over_the_experiment(searchpath):
-    cfg = compose(["experiment=sciworld_llama2_7b_qlora_24gb", "model=qwen2_5_7b_instruct", "bc.lr=5e-5",
+    cfg = compose(["experiment=sciworld_llama2_7b_qlora_24gb", "model=qwen2_5_7b_instruct", "bc.learning_rate=5e-5",
                    *searchpath])
     assert cfg.model.path == "Qwen/Qwen2.5-7B-Instruct" and cfg.model.quantization.load_in_4bit
-    assert cfg.run_name == "sciworld-qwen2.5-7b-instruct-qlora" and cfg.bc.lr == 5e-5
+    assert cfg.run_name == "sciworld-qwen2.5-7b-instruct-qlora" and cfg.bc.learning_rate == 5e-5
 
 
 def test_cfg_job_from_the_command_line(searchpath):
@@ -109,20 +110,20 @@ def test_cfg_job_from_the_command_line(searchpath):
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = OmegaConf.create(proc.stdout)
     assert job.run_name == "alfworld-llama2-7b-chat" and job.model.path == "meta-llama/Llama-2-7b-chat-hf"
-    assert job.bc.effective_batch == 64 and job.eto.dpo.scheduler == "constant_with_warmup"
+    assert job.bc.effective_batch == 64 and job.eto.dpo.lr_scheduler_type == "constant_with_warmup"
 
 
 def test_grad_accum_reaches_the_effective_batch_on_any_gpu_count(monkeypatch):
     from eto_train.distributed import grad_accum
 
-    bc = {"batch_size": 4, "grad_accum": 16, "effective_batch": 64}
+    bc = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 16, "effective_batch": 64}
     for gpus, accum in ((1, 16), (2, 8), (4, 4), (8, 2), (16, 1)):
         monkeypatch.setenv("WORLD_SIZE", str(gpus))
         assert grad_accum(bc) == accum
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match="not a multiple"):
         grad_accum(bc)
-    assert grad_accum({"batch_size": 4, "grad_accum": 5}) == 5  # no effective_batch: as configured
+    assert grad_accum({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 5}) == 5  # as configured
 
 
 def test_4bit_knob_maps_to_bitsandbytes_keywords(searchpath):

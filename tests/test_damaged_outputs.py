@@ -140,7 +140,7 @@ def test_a_damaged_manifest_of_an_aside_rerun_stops_the_stage(run, monkeypatch):
     (seen / NEXT / "manifest.json").write_text('{"stage": "eval/bc/seen", "status": "runn')
     before = files(seen)
     _no_rollouts(monkeypatch)
-    cfg = _compose(run["overrides"] + ["eval.generation.max_new_tokens=5"])  # a rerun: it would work in .next
+    cfg = _compose(run["overrides"] + ["rollout.generation.max_new_tokens=5"])  # a rerun: it would work in .next
     with pytest.raises(DamagedManifest, match=rf"{seen / NEXT / 'manifest.json'}: damaged .* remove {seen} to redo"):
         evaluate_policy(cfg, str(run["run"] / "bc" / "model"), "bc", ["seen"], seen.parent)
     assert files(seen) == before

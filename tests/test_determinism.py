@@ -24,7 +24,7 @@ def test_fp32_greedy_episodes_are_identical_across_batch_sizes_and_engines(model
 
     path = ROOT / "models" / "twx-base-1.7m"
     if model != "twx-base":
-        from eto_train.model.fixtures import build_fixture_model
+        from fixture_models import build_fixture_model
 
         path = build_fixture_model(model, tmp_path / model)
     tok, policy = load_tokenizer(str(path)), load_model(str(path), dtype="float32")

@@ -266,7 +266,7 @@ def test_an_iteration_without_dev_split_evaluates_nothing(monkeypatch, tmp_path)
     cfg = compose([f"paths.runs={tmp_path}", "eto=paper"])
     monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, out: ([], []))
     monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, explored, cont, out: [])
-    monkeypatch.setattr(eto.dpo, "run", lambda cfg, k, policy, pairs, out: eto.dpo.Trained("new-policy", {}, {}))
+    monkeypatch.setattr(eto.dpo, "run", lambda cfg, k, policy, pairs, out: eto.dpo.DPOResult("new-policy", {}, {}))
 
     def no_eval(*a, **k):
         raise AssertionError("dev evaluated with eto.dev_split=null")

@@ -7,16 +7,18 @@ import math
 import torch
 from datasets import Dataset
 
+from eto_train.config import DPOSection
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.pairs import trajectory_pair
 from eto_train.records import Episode
-from eto_train.training.dpo import dpo_config, make_dpo_trainer, tokenize_pair
+from eto_train.training.dpo import dpo_arguments, make_dpo_trainer, tokenize_pair
 from eto_train.training.masks import assistant_token_mask
 
-DPO = {"beta": 0.1, "loss_type": ["sigmoid"], "lr": 1e-3, "epochs": 1, "max_steps": 2, "batch_size": 2,
-       "grad_accum": 1, "scheduler": "constant", "warmup_ratio": 0.0, "max_length": 1024,
+DPO = {"beta": 0.1, "loss_type": ["sigmoid"], "learning_rate": 1e-3, "num_train_epochs": 1, "max_steps": 2,
+       "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "lr_scheduler_type": "constant",
+       "warmup_steps": 0.0, "max_length": 1024,
        "precompute_ref_log_probs": True, "logging_steps": 1, "save_strategy": "no", "save_total_limit": 1,
-       "bf16": False, "use_cpu": True, "gradient_checkpointing": False}
+       "bf16": False, "use_cpu": True, "activation_checkpointing": False}
 
 
 def _two_turn_pair(expert: Episode):
@@ -89,7 +91,7 @@ def test_masked_logps_match_hand_computation_and_step0_loss_is_log2(tmp_path, ti
     pairs = [_two_turn_pair(e) for e in expert_episodes[:2]]
     assert all(p is not None and p.rejected_policy == "agent@0" for p in pairs)
     ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs])
-    trainer = make_dpo_trainer(model, None, tok, ds, dpo_config(str(tmp_path), DPO, 0, "none"))
+    trainer = make_dpo_trainer(model, None, tok, ds, dpo_arguments(DPOSection.model_validate(DPO), tmp_path, 0))
 
     # reference log-probs TRL precomputed through our collator == hand computation on action tokens
     for row, p in zip(trainer.train_dataset, pairs):

@@ -312,12 +312,12 @@ def test_a_bad_env_workers_is_an_error_naming_the_key(twx_cfg, bad):
 def test_validate_names_env_workers(bad):
     from hydra import compose, initialize_config_dir
 
-    from eto_train.validate import check_config
+    from eto_train.config import load
 
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="workers"):
         cfg = compose("config", overrides=[f"env.workers={bad}"])
     with pytest.raises(ValueError, match=rf"env\.workers={bad}: an integer >= 0"):
-        check_config(cfg)
+        load(cfg)
 
 
 def test_every_env_config_has_workers_0():

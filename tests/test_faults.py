@@ -254,8 +254,7 @@ def test_gold_path_replays_are_never_faulted():
 
 
 def test_faulted_episodes_never_become_pairs(sleeps):
-    from omegaconf import OmegaConf
-
+    from eto_train.config import Pairs
     from eto_train.pairs import _pid
     from eto_train.stages.pairs import build_pairs
 
@@ -263,10 +262,9 @@ def test_faulted_episodes_never_become_pairs(sleeps):
     experts = {t.task_id: expert_episode(GoalEnv(), t, PromptConfig()) for t in tasks}
     explored, _ = play([WorkItem(t, s) for t in tasks for s in range(2)], retries=1)
     continuations, _ = play([WorkItem(t, 0, ("go",)) for t in tasks], retries=1, policy=RandomPolicy(1))
-    cfg = OmegaConf.create({"eto": {"pairs": {
-        "contrast": "mixture", "chosen": "both", "extra_turns": 5, "rejected_cut": "expert_length",
-        "step_positions": "first_divergence", "step_samples": 2, "mixture_step_fraction": 1.0}}})
-    pairs, _ = build_pairs(cfg, experts, explored, continuations, seed=0)
+    pc = Pairs(contrast="mixture", chosen="both", extra_turns=5, rejected_cut="expert_length",
+               step_positions="first_divergence", step_samples=2, mixture_step_fraction=1.0)
+    pairs, _ = build_pairs(pc, experts, explored, continuations, seed=0)
     assert {p.kind for p in pairs} == {"trajectory", "step", "self"}
 
     faulted = [e for e in explored + continuations if e.status in NOT_POLICY_FAULT]
@@ -285,7 +283,7 @@ def test_faulted_episodes_never_become_pairs(sleeps):
     for e in relabel:
         if e.status in NOT_POLICY_FAULT:
             e.status = "failure"
-    pairs_if_unfiltered, _ = build_pairs(cfg, experts, relabel[:len(explored)], relabel[len(explored):], seed=0)
+    pairs_if_unfiltered, _ = build_pairs(pc, experts, relabel[:len(explored)], relabel[len(explored):], seed=0)
     assert bad_ids & {p.pair_id for p in pairs_if_unfiltered}
 
 

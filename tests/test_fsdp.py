@@ -111,7 +111,7 @@ CPU_OVERRIDES = {"use_cpu": True}
 # without CUDA; use_cpu must stay false, as accelerate drops DeepSpeed when cpu is set (accelerate/state.py:974)
 ACCEL_CPU_OVERRIDES = {"fsdp": CPU_OVERRIDES, "deepspeed_zero3": {}}
 # the toy run of test_multiprocess.py; the policy saved in bf16 as on a GPU (trained on fp32 masters)
-RUN = ["bc.batch_size=2", "+bc.effective_batch=8", "+eto.dpo.effective_batch=4",
+RUN = ["bc.per_device_train_batch_size=2", "+bc.effective_batch=8", "+eto.dpo.effective_batch=4",
        "eto.dpo.precompute_ref_log_probs=true", "model.dtype=bfloat16"]
 
 

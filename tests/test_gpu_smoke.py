@@ -118,7 +118,7 @@ def test_cpu_dry_run_goes_through_the_recipe_fsdp2_and_the_engine(tmp_path):
     f = sec["fsdp2"]
     assert f["status"] == "done" and "FSDP" in f["distributed_type"] and f["parameter_type"] == "DTensor", f
     assert sec["memory"]["status"] == "skipped"  # no CUDA; the rules it would check, read from the configs:
-    assert sec["memory"]["gpu_memory_utilization"] == {"eval/cpu": 0.85, "eval/gpu": 0.85}
+    assert sec["memory"]["gpu_memory_utilization"] == {"rollout/cpu": 0.85, "rollout/gpu": 0.85}
     hf = sec["rollouts_hf"]
     assert hf["status"] == "done" and [hf[k]["episodes"] for k in ("rows_2", "rows_4")] == [2, 4]
     assert all(hf[k]["gen_tokens_per_s"] > 0 for k in ("rows_2", "rows_4"))

@@ -33,8 +33,8 @@ from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 EPISODES = 12  # 6 seeds of `seen` x 2 games, played 2 at a time
-EVAL = ["run_name=toy", "env.step_limit=4", "env.splits.seen.count=6", "eval.splits=[seen]", "eval.batch_size=2",
-        "eval.generation.max_new_tokens=4", "wandb.enabled=false", "runtime.rollout_threads=1"]
+EVAL = ["run_name=toy", "env.step_limit=4", "env.splits.seen.count=6", "eval.splits=[seen]", "rollout.batch_size=2",
+        "rollout.generation.max_new_tokens=4", "wandb.enabled=false", "runtime.rollout_threads=1"]
 LINE = re.compile(r"interrupted: (\d+) of (\d+) episodes of eval/bc/seen kept in (\S+); "
                   r"rerun the same command to resume")
 

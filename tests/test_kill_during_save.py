@@ -163,7 +163,7 @@ def test_sigkill_inside_the_save_of_a_finished_bc_rerun_keeps_the_finished_polic
     runs = _copy(base, tmp_path / "killed")
     bc = runs / "toy" / "bc"
     finished = {"manifest": (bc / "manifest.json").read_bytes(), "model": _files(bc / "model")}
-    rc, out = cli("bc", runs, "bc.lr=1e-3", kill_at="bc/save:1")  # another config: the rerun works aside
+    rc, out = cli("bc", runs, "bc.learning_rate=1e-3", kill_at="bc/save:1")  # another config: the rerun works aside
     assert rc == -signal.SIGKILL, out[-3000:]
     # the half-saved policy is in .next (no tokenizer yet); the finished one stays in place, whole
     assert (bc / ".next" / "model" / "model.safetensors").exists()
@@ -171,11 +171,11 @@ def test_sigkill_inside_the_save_of_a_finished_bc_rerun_keeps_the_finished_polic
     assert {"manifest": (bc / "manifest.json").read_bytes(), "model": _files(bc / "model")} == finished
     check_policy(bc / "model")
 
-    rc, out = cli("bc", runs, "bc.lr=1e-3")
+    rc, out = cli("bc", runs, "bc.learning_rate=1e-3")
     assert rc == 0, out[-3000:]
     assert _squash(f"[bc] resuming from the last checkpoint {bc}/.next/checkpoints/checkpoint-3") in _squash(out)
     m = json.loads((bc / "manifest.json").read_text())
-    assert m["status"] == "done" and m["config"]["bc"]["lr"] == 1e-3
+    assert m["status"] == "done" and m["config"]["bc"]["learning_rate"] == 1e-3
     check_policy(bc / "model")
     assert _files(bc / "model") != finished["model"]  # the new result swapped in whole
     assert not (bc / ".next").exists() and not (bc / ".old").exists()

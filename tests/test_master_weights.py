@@ -23,10 +23,10 @@ LR = 1e-6
 
 # bc/paper.yaml's keys at test size: the paper's bf16 and checkpointing, a constant lr (no warmup:
 # the first step of a warmup schedule has lr 0)
-TRAIN = {"max_length": 128, "batch_size": 2, "grad_accum": 1, "lr": LR, "scheduler": "constant",
-         "warmup_ratio": 0.0, "weight_decay": 0.0, "epochs": 1, "max_steps": 1, "logging_steps": 1,
-         "save_strategy": "no", "save_steps": None, "save_total_limit": 1, "bf16": True,
-         "gradient_checkpointing": True, "use_cpu": True}
+TRAIN = {"max_length": 128, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "learning_rate": LR,
+         "lr_scheduler_type": "constant", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1, "max_steps": 1, "logging_steps": 1,
+         "save_strategy": "no", "save_steps": 500, "save_total_limit": 1, "bf16": True,
+         "activation_checkpointing": True, "use_cpu": True}
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05,  # hardware/lora_24gb.yaml
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 QLORA = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}  # qlora_24gb.yaml
@@ -88,12 +88,14 @@ class Recorder:
 
 def one_step(profile: str, tmp_path, monkeypatch, steps: int = 1) -> Recorder:
     from eto_train import killpoints
+    from eto_train.config import BCSection
     from eto_train.training import recipe
+    from eto_train.training.sft import sft_arguments
 
     rec = Recorder()
     monkeypatch.setattr(killpoints, "trainer_callback", lambda point: rec.callback)
-    job = recipe.Job("bc", "sft", str(BASE), conversations(), {**TRAIN, "max_steps": steps},
-                     PROFILES[profile], seed=0)
+    args = sft_arguments(BCSection.model_validate({**TRAIN, "max_steps": steps}), tmp_path / "bc" / "checkpoints", seed=0)
+    job = recipe.SFTJob("bc", str(BASE), conversations(), args, PROFILES[profile])
     trained = recipe.train(job, tmp_path / "bc")
     assert trained.optimizer_steps == steps
     return rec

@@ -24,7 +24,7 @@ def _run(runs: Path, stage: str, procs: int, *extra: str, name: str = "mp", ok: 
     launcher = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                   "--nproc_per_node", str(procs)]
     cmd = [*launcher, "-m", "eto_train.cli", stage, f"paths.runs={runs}", f"run_name={name}", *TOY,
-           "bc.batch_size=2", "+bc.effective_batch=8", "+eto.dpo.effective_batch=4", *extra]
+           "bc.per_device_train_batch_size=2", "+bc.effective_batch=8", "+eto.dpo.effective_batch=4", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
     if ok:

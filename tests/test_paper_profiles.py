@@ -20,19 +20,19 @@ PAPER_EXPERIMENTS = [e for e in EXPERIMENTS if e.split("_")[0] in ("sciworld", "
 # key -> the paper's value (None: the key is null / off)
 PAPER = {
     # behavior cloning (run_eto.sh Part 1)
-    "bc.lr": 2e-5, "bc.epochs": 3, "bc.max_steps": None, "bc.effective_batch": 64, "bc.scheduler": "cosine",
-    "bc.warmup_ratio": 0.03, "bc.weight_decay": 0.0, "bc.max_length": 4096,
+    "bc.learning_rate": 2e-5, "bc.num_train_epochs": 3, "bc.max_steps": -1, "bc.effective_batch": 64, "bc.lr_scheduler_type": "cosine",
+    "bc.warmup_steps": 0.03, "bc.weight_decay": 0.0, "bc.max_length": 4096,
     # exploration: greedy, every training task, one episode each, 512 new tokens (fastchat.json)
-    "eto.explore.tasks_per_game": None, "eto.explore.samples": 1, "eto.explore.do_sample": False,
-    "eval.generation.max_new_tokens": 512, "eval.generation.do_sample": False,
+    "eto.explore.tasks_per_game": None, "eto.explore.samples": 1, "eto.explore.rollout.generation.do_sample": False,
+    "rollout.generation.max_new_tokens": 512, "rollout.generation.do_sample": False,
     # pairs (construct_preference.py): trajectory level, agent vs expert
     "eto.pairs.contrast": "trajectory", "eto.pairs.chosen": "expert", "eto.pairs.rejected_cut": "expert_length",
     # ... and the expert's reward as theirs: 1.0 in sciworld/alfworld, the file's in webshop (pairs.pairing_reward)
     "eto.pairs.expert_reward": "authors",
     # DPO (run_eto.sh Part 3): plain sigmoid loss, no SFT term
-    "eto.dpo.loss_type": ["sigmoid"], "eto.dpo.loss_weights": None, "eto.dpo.beta": 0.1, "eto.dpo.lr": 1e-6,
-    "eto.dpo.later.beta": 0.5, "eto.dpo.later.lr": 5e-7, "eto.dpo.epochs": 3, "eto.dpo.max_steps": None,
-    "eto.dpo.effective_batch": 32, "eto.dpo.scheduler": "constant_with_warmup", "eto.dpo.warmup_ratio": 0.1,
+    "eto.dpo.loss_type": ["sigmoid"], "eto.dpo.loss_weights": None, "eto.dpo.beta": 0.1, "eto.dpo.learning_rate": 1e-6,
+    "eto.dpo.later.beta": 0.5, "eto.dpo.later.learning_rate": 5e-7, "eto.dpo.num_train_epochs": 3, "eto.dpo.max_steps": -1,
+    "eto.dpo.effective_batch": 32, "eto.dpo.lr_scheduler_type": "constant_with_warmup", "eto.dpo.warmup_steps": 0.1,
     "eto.dpo.max_length": 4096,
     # 3 fixed iterations, no selection, nothing carved out of the training split
     "eto.iterations": 3, "eto.early_stopping": False, "eto.dev_split": None, "env.dev_holdout": 0,
@@ -47,7 +47,7 @@ PER_ENV = {
     "webshop": {"eto.pairs.extra_turns": 5, "env.step_limit": 10, "prompt.version": "webshop-eto"},
 }
 # what a one-GPU hardware profile may change: adapter learning rates and micro-batches
-HARDWARE_KEYS = {"bc.lr", "eto.dpo.lr", "eto.dpo.later.lr"}
+HARDWARE_KEYS = {"bc.learning_rate", "eto.dpo.learning_rate", "eto.dpo.later.learning_rate"}
 
 
 def compose(overrides):
@@ -72,7 +72,7 @@ def test_experiment_is_the_paper_in_every_setting_of_the_table(name):
     assert not wrong, f"{name}: (config, paper) differ: {wrong}"
     assert len(cfg.prompt.example) >= 2  # the one-shot example
     if hardware:  # named, documented deviations: the adapter rates, and nothing else
-        assert cfg.bc.lr != PAPER["bc.lr"] and "not the paper's" in (ROOT / "configs/hardware/lora_24gb.yaml").read_text()
+        assert cfg.bc.learning_rate != PAPER["bc.learning_rate"] and "not the paper's" in (ROOT / "configs/hardware/lora_24gb.yaml").read_text()
 
 
 def test_project_options_are_on_only_where_a_profile_says_so():

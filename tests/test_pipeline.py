@@ -19,9 +19,9 @@ TOY = [
     "env.step_limit=6", "env.splits.train.count=4", "env.splits.seen.count=2", "env.splits.unseen.count=1",
     "model.tokenizer.vocab_size=300", "model.arch.hidden_size=32", "model.arch.num_layers=1",
     "model.arch.num_heads=2", "model.arch.intermediate_size=64",
-    "bc.max_steps=3", "bc.batch_size=4", "bc.save_steps=2", "wandb.enabled=false",
-    "eval.batch_size=4", "eval.generation.max_new_tokens=6", "env.splits.dev.count=1",
-    "eto.explore.tasks_per_game=3", "eto.explore.batch_size=6", "eto.dpo.max_steps=2", "eto.dpo.batch_size=2", "eto.dpo.logging_steps=1",
+    "bc.max_steps=3", "bc.per_device_train_batch_size=4", "bc.save_steps=2", "wandb.enabled=false",
+    "rollout.batch_size=4", "rollout.generation.max_new_tokens=6", "env.splits.dev.count=1",
+    "eto.explore.tasks_per_game=3", "eto.explore.rollout.batch_size=6", "eto.dpo.max_steps=2", "eto.dpo.per_device_train_batch_size=2", "eto.dpo.logging_steps=1",
     "eto.dpo.loss_type=[sigmoid]", "eto.dpo.loss_weights=null",  # the paper's loss: log 2 at step 0
     "runtime.train_threads=1", "runtime.rollout_threads=1",  # make test runs two workers on two cores
     "reading.split=seen", "reading.permutations=200",  # the demo's reading on the episodes already played

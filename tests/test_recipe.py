@@ -1,53 +1,74 @@
-"""The one training recipe (training/recipe.py): TRL arguments passed through, checked before use."""
+"""The one training recipe (training/recipe.py): a section's keys are TRL's, passed through as they are."""
 
 from __future__ import annotations
 
 import pytest
 
-from eto_train.training.dpo import dpo_config
-from eto_train.training.sft import sft_config
-from eto_train.validate import SET_BY_SECTION, trainer_fields
+from eto_train.config import SET_BY_STAGE, BCSection, ConfigError, DPOSection
+from eto_train.training.dpo import FIXED as DPO_FIXED, dpo_arguments
+from eto_train.training.sft import FIXED as SFT_FIXED, sft_arguments
+from eto_train.trl_names import trainer_fields
 
-BC = {"max_length": 64, "batch_size": 2, "grad_accum": 1, "lr": 1e-3, "scheduler": "constant", "warmup_ratio": 0.0,
-      "weight_decay": 0.0, "epochs": 1, "max_steps": 2, "logging_steps": 1, "save_strategy": "no",
-      "save_steps": None, "save_total_limit": 1, "bf16": False, "gradient_checkpointing": False, "use_cpu": True}
+BC = {"max_length": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "learning_rate": 1e-3,
+      "lr_scheduler_type": "constant", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1,
+      "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "save_steps": 500, "save_total_limit": 1,
+      "bf16": False, "activation_checkpointing": False, "use_cpu": True}
 DPO = {**BC, "beta": 0.1, "loss_type": ["sigmoid"], "loss_weights": None, "precompute_ref_log_probs": False}
+RUNTIME = {"output_dir", "seed", "data_seed", "report_to"}  # from the stage (training/sft.py, training/dpo.py)
 
 
-def test_a_trainer_section_reaches_the_trl_config_under_trls_names(tmp_path):
-    args = sft_config(str(tmp_path), {**BC, "trainer": {"max_grad_norm": 0.25, "optim": "sgd"}}, 0, "none")
-    assert args.max_grad_norm == 0.25 and args.optim == "sgd"
-    args = dpo_config(str(tmp_path), {**DPO, "trainer": {"max_grad_norm": 0.5, "label_smoothing": 0.1}}, 0, "none")
-    assert args.max_grad_norm == 0.5 and args.label_smoothing == 0.1
-    assert sft_config(str(tmp_path), BC, 0, "none").max_grad_norm == 1.0  # absent: TRL's default
+def bc(**extra) -> BCSection:
+    return BCSection.model_validate({**BC, **extra})
 
 
-@pytest.mark.parametrize("kind,make,base", [("sft", sft_config, BC), ("dpo", dpo_config, DPO)])
-def test_the_keys_a_section_sets_itself_are_exactly_the_ones_validation_refuses_in_trainer(kind, make, base, tmp_path):
+def dpo(**extra) -> DPOSection:
+    return DPOSection.model_validate({**DPO, **extra})
+
+
+def test_any_trl_argument_in_a_section_reaches_the_trl_config_and_eto_trains_own_keys_do_not(tmp_path):
+    args = sft_arguments(bc(max_grad_norm=0.25, optim="sgd", only_success=False), tmp_path, 0)
+    assert args.max_grad_norm == 0.25 and args.optim == "sgd" and args.output_dir == str(tmp_path)
+    args = dpo_arguments(dpo(max_grad_norm=0.5, label_smoothing=0.1, later={"beta": 0.5}), tmp_path, 7)
+    assert args.max_grad_norm == 0.5 and args.label_smoothing == 0.1 and args.beta == 0.1
+    assert (args.seed, args.data_seed, args.remove_unused_columns) == (7, 7, False)
+    assert sft_arguments(bc(), tmp_path, 0).max_grad_norm == 1.0  # absent: TRL's default
+
+
+def test_effective_batch_sets_the_accumulation_over_the_processes(tmp_path, monkeypatch):
+    from eto_train.distributed import grad_accum
+
+    section = bc(per_device_train_batch_size=4, effective_batch=64)
+    assert sft_arguments(section, tmp_path, 0).gradient_accumulation_steps == 16
+    assert "effective_batch" not in section.trl_arguments()
+    monkeypatch.setenv("WORLD_SIZE", "2")  # (a TRL config would start a process group here)
+    assert grad_accum(section) == 8
+
+
+@pytest.mark.parametrize("kind,section,fixed", [("sft", bc, SFT_FIXED), ("dpo", dpo, DPO_FIXED)])
+def test_the_arguments_the_recipe_sets_itself_are_trls_and_no_section_key(kind, section, fixed):
     fields = trainer_fields(kind)
     assert "max_grad_norm" in fields and "beta" in trainer_fields("dpo") and "beta" not in trainer_fields("sft")
-    for key in sorted(SET_BY_SECTION[kind]):  # each one is set by the section: passing it again is a clash
+    assert SET_BY_STAGE[kind] == {*fixed, *RUNTIME}  # the schema refuses exactly what the recipe sets
+    for key in sorted(SET_BY_STAGE[kind]):
         assert key in fields, key
-        with pytest.raises(TypeError, match="multiple values"):
-            make(str(tmp_path), {**base, "trainer": {key: None}}, 0, "none")
+        with pytest.raises((ConfigError, ValueError), match=key):
+            section(**{key: None})
 
 
-def test_validation_names_a_bad_trainer_key_and_a_bad_attention(tmp_path):
+def test_the_config_names_a_key_that_is_no_trl_argument_or_one_the_recipe_sets():
     from hydra import compose, initialize_config_dir
     from test_pipeline import ROOT
 
-    from eto_train.validate import check_config
+    from eto_train.config import load
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", ["+bc.trainer={max_grad_norm:0.5,learning_rate:1.0,no_such_arg:1}",
-                                 "+eto.dpo.trainer={label_smoothing:0.1}", "+model.attn_implementation=fast"])
-    with pytest.raises(ValueError) as e:
-        check_config(cfg)
+        cfg = compose("config", ["+bc.max_grad_norm=0.5", "+bc.no_such_arg=1", "+bc.output_dir=x",
+                                 "+eto.dpo.label_smoothing=0.1"])
+    with pytest.raises(ConfigError) as e:
+        load(cfg)
     msg = str(e.value)
-    assert "bc.trainer.learning_rate=1.0: bc sets this argument from its own keys" in msg
-    assert "bc.trainer.no_such_arg=1: not a SFTConfig argument" in msg
-    assert "bc.trainer.max_grad_norm" not in msg and "eto.dpo.trainer" not in msg  # real arguments pass
-    assert "model.attn_implementation" in msg and "sdpa" in msg
+    assert "bc.no_such_arg=1: not a SFTConfig argument" in msg and "bc.output_dir='x': set by eto-train" in msg
+    assert "bc.max_grad_norm" not in msg and "eto.dpo.label_smoothing" not in msg  # real arguments pass
 
 
 # -- the DPO reference under FSDP (training/dpo.py fsdp_reference) ---------------------------------
@@ -98,6 +119,6 @@ def test_under_fsdp_full_fine_tuning_dpo_gets_a_frozen_cpu_reference_used_once(m
     pairs = [_two_turn_pair(e) for e in expert_episodes[:2]]
     ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs])
     ref32 = load_model(str(tiny_model_dir)).eval().requires_grad_(False)
-    args = dpo_config(str(tmp_path), DPO_ARGS, 0, "none")
+    args = dpo_arguments(DPOSection.model_validate(DPO_ARGS), tmp_path, 0)
     trainer = make_dpo_trainer(load_model(str(tiny_model_dir)), ref32, tok, ds, args)
     assert trainer.ref_model is None and "ref_chosen_logps" in trainer.train_dataset.column_names

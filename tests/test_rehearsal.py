@@ -1,7 +1,7 @@
 """A rehearsal of every ready-made experiment (configs/experiment/) on the CPU: each runs
 bc -> eto-iter -> eval, the stages `make bc`, `make eto-iter` and `make eval` run, on a small
 random-init model of its family with the real tokenizer and chat template
-(eto_train.model.fixtures), with size overrides and the CPU's device settings only. Families without an experiment config
+(tests/fixture_models.py), with size overrides and the CPU's device settings only. Families without an experiment config
 (Llama-3.x, Qwen3, Gemma-3) run the paper's ScienceWorld profile with their model config; Qwen3
 also with LoRA. QLoRA needs CUDA (bitsandbytes): its experiments are checked up to that point,
 which must fail with a clear error before any stage writes anything.
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from eto_train.model.fixtures import FAMILIES, build_fixture_model
+from fixture_models import FAMILIES, build_fixture_model  # tests/fixture_models.py
+
 
 ROOT = Path(__file__).resolve().parents[1]
 # every experiment on a chat model (faults10 is the tiny CPU model's)
@@ -32,9 +33,9 @@ FAMILY_OF = {OmegaConf.load(ROOT / "configs" / "model" / f"{f.model_config}.yaml
 SIZE = [
     "wandb.enabled=false", "runtime.train_threads=1", "runtime.rollout_threads=1",
     "env.step_limit=3",
-    "bc.max_steps=1", "bc.batch_size=1", "bc.effective_batch=2", "bc.max_length=512",
-    "eto.explore.batch_size=2", "eto.dpo.max_steps=1", "eto.dpo.batch_size=1", "eto.dpo.effective_batch=1",
-    "eto.dpo.max_length=512", "eval.batch_size=2", "eval.generation.max_new_tokens=8", "eval.splits=[unseen]",
+    "bc.max_steps=1", "bc.per_device_train_batch_size=1", "bc.effective_batch=2", "bc.max_length=512",
+    "eto.explore.rollout.batch_size=2", "eto.dpo.max_steps=1", "eto.dpo.per_device_train_batch_size=1", "eto.dpo.effective_batch=1",
+    "eto.dpo.max_length=512", "rollout.batch_size=2", "rollout.generation.max_new_tokens=8", "eval.splits=[unseen]",
     "model.max_context=1024",
 ]
 # The CPU's device settings: the GPU profiles train in bf16 on CUDA (TRL refuses bf16 without it).
@@ -46,7 +47,7 @@ TWX = ["env.splits.train.count=1", "env.splits.dev.count=1", "env.splits.seen.co
 # Families without an experiment config: the paper's training profiles with their model config,
 # on the CPU default's TextWorldExpress games (short observations: Gemma's 262k-token vocabulary
 # makes every sequence position cost, and the template, not the environment, is under test here).
-PAPER = ["env=twx", "bc=paper", "eto=paper", "eval=gpu"]
+PAPER = ["env=twx", "bc=paper", "eto=paper", "rollout=gpu"]
 EXTRA = {
     "llama3": PAPER + ["model=llama3_8b_instruct"],
     "qwen3": PAPER + ["model=qwen3_8b"],

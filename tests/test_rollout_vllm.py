@@ -190,8 +190,11 @@ def test_missing_vllm_names_the_extra(monkeypatch, tmp_path):
 
 
 def test_backend_chosen_by_config(monkeypatch, tmp_path):
+    """rollout.backend picks the engine and rollout.vllm's keywords reach vllm.LLM; an evaluation's
+    own eval.rollout keys win over rollout.*; an unknown backend is refused by the config, by name."""
     from hydra import compose, initialize_config_dir
 
+    from eto_train.config import ConfigError, typed
     from eto_train.rollouts import play
 
     made = {}
@@ -203,15 +206,17 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
     monkeypatch.setattr(VLLMPolicy, "from_checkpoint", staticmethod(fake_from_checkpoint))
     root = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(str(root), version_base="1.3"):
-        cfg = compose("config", overrides=["eval.backend=vllm", "eval.vllm.gpu_memory_utilization=0.5", "seed=3"])
-        bad = compose("config", overrides=["eval.backend=tgi"])
+        cfg = typed(compose("config", overrides=["rollout.backend=vllm", "rollout.vllm.gpu_memory_utilization=0.5",
+                                                 "seed=3", "+eval.rollout.generation.max_new_tokens=12"]))
+        bad = compose("config", overrides=["rollout.backend=tgi"])
+    settings = cfg.rollout.merged(cfg.eval.rollout)
+    assert play.make_policy(cfg, "some/ckpt", settings) == "vllm-policy"
     sampling = {"max_new_tokens": 12, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
-    assert play.make_policy(cfg, "some/ckpt", sampling) == "vllm-policy"
     assert made["path"] == "some/ckpt" and made["gen"] == GenerationConfig(**sampling)
     assert made["gpu_memory_utilization"] == 0.5 and made["seed"] == 3 and made["max_num_seqs"] == 256
     assert made["max_context"] == cfg.model.max_context and made["dtype"] == cfg.model.dtype
-    with pytest.raises(ValueError, match="hf or vllm"):
-        play.make_policy(bad, "some/ckpt", sampling)
+    with pytest.raises(ConfigError, match=r"rollout.backend='tgi': the rollout engine: one of 'hf', 'vllm'"):
+        typed(bad)
 
 
 # -- vLLM's start rule: free GPU memory >= gpu_memory_utilization x total (numbers faked) ------------
@@ -226,10 +231,10 @@ def test_start_rule_refuses_too_little_free_memory_and_names_the_key():
     with pytest.raises(RuntimeError) as err:
         check_start_memory(0.85, (60 * GIB, 80 * GIB))  # a trainer left 20 GiB in use
     msg = str(err.value)
-    assert msg.startswith("eval.vllm.gpu_memory_utilization=0.85")
+    assert msg.startswith("rollout.vllm.gpu_memory_utilization=0.85")
     assert "68.00 GiB of 80.00 GiB" in msg and "60.00 GiB is free" in msg and "below 0.75" in msg
     for bad in (0, 1.5, -0.1, True, "0.9"):
-        with pytest.raises(ValueError, match=r"eval.vllm.gpu_memory_utilization=.*\(0, 1\]"):
+        with pytest.raises(ValueError, match=r"rollout.vllm.gpu_memory_utilization=.*\(0, 1\]"):
             check_start_memory(bad, (80 * GIB, 80 * GIB))
 
 

@@ -6,13 +6,14 @@ import re
 
 import torch
 
+from eto_train.config import BCSection
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.records import to_messages
-from eto_train.training.sft import make_trainer, sft_config, sft_dataset
+from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
 
-BC = {"max_length": 1024, "batch_size": 3, "grad_accum": 1, "lr": 1e-3, "scheduler": "cosine",
-      "warmup_ratio": 0.0, "weight_decay": 0.0, "epochs": 1, "max_steps": 2, "logging_steps": 1,
-      "save_strategy": "no", "save_total_limit": 1, "bf16": False, "gradient_checkpointing": False,
+BC = {"max_length": 1024, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 1, "learning_rate": 1e-3,
+      "lr_scheduler_type": "cosine", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1, "max_steps": 2, "logging_steps": 1,
+      "save_strategy": "no", "save_total_limit": 1, "bf16": False, "activation_checkpointing": False,
       "use_cpu": True}
 
 
@@ -29,7 +30,7 @@ def test_labels_cover_exactly_the_assistant_tokens(tmp_path, tiny_model_dir, exp
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
     ds = sft_dataset(expert_episodes[:3], tok)
-    trainer = make_trainer(model, tok, ds, sft_config(str(tmp_path), BC, seed=0, report_to="none"))
+    trainer = make_trainer(model, tok, ds, sft_arguments(BCSection.model_validate(BC), tmp_path, seed=0))
     batch = next(iter(trainer.get_train_dataloader()))
     assert batch["input_ids"].shape[0] == 3
     rows_checked = 0

@@ -236,9 +236,9 @@ SIZE = [
     "wandb.enabled=false", "runtime.train_threads=1", "runtime.rollout_threads=1",
     "model.tokenizer.vocab_size=300", "model.arch.hidden_size=32", "model.arch.num_layers=1",
     "model.arch.num_heads=2", "model.arch.intermediate_size=64",
-    "bc.max_steps=3", "bc.batch_size=4", "bc.save_steps=2",
-    "eval.batch_size=4", "eval.generation.max_new_tokens=8", "eval.splits=[seen]",
-    "eto.explore.tasks_per_game=3", "eto.explore.batch_size=3", "eto.dpo.max_steps=2", "eto.dpo.batch_size=2",
+    "bc.max_steps=3", "bc.per_device_train_batch_size=4", "bc.save_steps=2",
+    "rollout.batch_size=4", "rollout.generation.max_new_tokens=8", "eval.splits=[seen]",
+    "eto.explore.tasks_per_game=3", "eto.explore.rollout.batch_size=3", "eto.dpo.max_steps=2", "eto.dpo.per_device_train_batch_size=2",
     "eto.dpo.logging_steps=1", "eto.dpo.loss_type=[sigmoid]", "eto.dpo.loss_weights=null",
 ]
 
@@ -300,9 +300,9 @@ def test_paper_experiment_on_the_fake_shop_with_experts_imported_from_the_releas
     """experiment=webshop_llama2_7b on the Llama-2 fixture (real tokenizer and template): the
     authors' prompt, experts from a file in the released schema (one with a reward below 1, kept
     as the authors keep it), bc -> one eto-iter -> eval."""
+    from fixture_models import build_fixture_model
     from test_rehearsal import CPU, SIZE as PAPER_SIZE, check_run, released_entries, rehearse
 
-    from eto_train.model.fixtures import build_fixture_model
     from eto_train.store import read_episodes
 
     data = write_splits(tmp_path / "data")

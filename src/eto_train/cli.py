@@ -1,6 +1,6 @@
 """One entry point for every stage: ``eto-train <stage> [hydra overrides]``.
 
-    eto-train bc run_name=try1 bc.epochs=1
+    eto-train bc run_name=try1 bc.num_train_epochs=1
     eto-train eto -m run_name=sweep eto.dpo.beta=0.1,0.5      # a Hydra multirun
     python -m eto_train.cli eval eval.policy=runs/demo/bc/model   # the same, without the console script
     eto-train --help                                            # the stages, one line each
@@ -13,8 +13,8 @@ named by the environment variable ``ETO_TRAIN_CONFIGS``. Hydra's job name is the
 
 Every stage runs the same way: a Ctrl-C while Hydra starts up or during the job ends with one
 line saying what was kept and exit status 130 (:mod:`eto_train.interrupt`); under ``-m`` each
-job first gets its own run folder (:func:`eto_train.layout.isolate_sweep_job`); then tracking is
-configured (:func:`eto_train.tracking.configure`, one wandb run per stage) and the stage runs.
+job first gets its own run folder (:func:`eto_train.layout.isolate_sweep_job`); then the config is
+validated and typed once (:func:`eto_train.config.load`), tracking is configured (:func:`eto_train.tracking.configure`, one wandb run per stage) and the stage runs.
 
 Before Hydra's run (plain overrides; not under ``-m``, ``--cfg``, ``--help``) the config is
 composed once: a bad override, and a paper-sized model on a machine without a CUDA GPU
@@ -46,6 +46,7 @@ class StageEntry:
     help: str  # one line for `eto-train --help`
     resume: bool = True  # a rerun of the same command resumes (else it starts over)
     isolate: bool = True  # under -m, each job gets its own run folder
+    hydra: bool = True  # False: the function takes the raw arguments and runs its own stages (the demo)
 
     def function(self) -> Callable:
         if callable(self.target):
@@ -71,7 +72,8 @@ STAGES: dict[str, StageEntry] = {
                           "does each policy read its observation? first moves / takes vs chance"),
     "compare": StageEntry("eto_train.stages.compare:run",
                           "trajectory / step / mixture DPO and an SFT control from one BC, paired vs BC"),
-    "demo": StageEntry("eto_train.stages.demo:run", "the whole story: eto -> compare -> reading -> report.md"),
+    "demo": StageEntry("eto_train.stages.demo:main", "scripts/demo.sh: experts -> model -> bc -> eval -> eto -> "
+                       "compare -> reading -> report.md", hydra=False),
     "report": StageEntry(lambda cfg: _report(cfg), "rebuild a finished demo's report.md (no training, no rollouts)",
                          resume=False),
     "export": StageEntry("eto_train.stages.export:run",
@@ -83,7 +85,9 @@ STAGES: dict[str, StageEntry] = {
 def configs_dir() -> str:
     """The Hydra config folder: $ETO_TRAIN_CONFIGS, else the repository's configs/."""
     override = os.environ.get(ENV_CONFIGS)
-    path = Path(override) if override else Path(__file__).resolve().parents[2] / "configs"
+    from .layout import CONFIGS
+
+    path = Path(override) if override else CONFIGS
     return str(path.resolve())
 
 
@@ -91,7 +95,7 @@ def usage() -> str:
     width = max(map(len, STAGES))
     lines = [f"usage: {PROG} <stage> [hydra overrides] [-m] [--cfg job] [--help]", "", "stages:"]
     lines += [f"  {name:<{width}}  {s.help}" for name, s in STAGES.items()]
-    lines += ["", f"e.g. {PROG} bc run_name=try1 bc.epochs=1;  {PROG} <stage> --help: Hydra's help for the stage",
+    lines += ["", f"e.g. {PROG} bc run_name=try1 bc.num_train_epochs=1;  {PROG} <stage> --help: Hydra's help for the stage",
               f"configs: {configs_dir()} (set {ENV_CONFIGS} to use another folder)"]
     return "\n".join(lines)
 
@@ -121,7 +125,11 @@ def with_job_name(args: list[str], job: str) -> list[str]:
 
 
 def _job(entry: StageEntry, cfg) -> None:
+    """One job: its own run folder under -m (on Hydra's DictConfig), the config validated once
+    (:func:`eto_train.config.load`: every bad value in one error), tracking, then the stage with
+    the typed Config."""
     from . import tracking
+    from .config import load
     from .interrupt import interruptible
     from .layout import isolate_sweep_job
 
@@ -130,8 +138,9 @@ def _job(entry: StageEntry, cfg) -> None:
     with interruptible(cfg, resume=entry.resume):  # Ctrl-C: one line saying what was kept, exit 130
         if entry.isolate:
             isolate_sweep_job(cfg)  # under -m: one run folder per job
+        config = load(cfg)
         tracking.configure(cfg)  # wandb: one run per stage
-        entry.function()(cfg)
+        entry.function()(config)
 
 
 # -- before Hydra's run: the config composed once, its errors, the run folder, the device ---------
@@ -172,7 +181,9 @@ def _log_dir_overrides(cfg, job: str, rest: list[str]) -> list[str]:
     if any(a.startswith("hydra.run.dir=") for a in rest):
         return []
     run = Path(str(OmegaConf.select(cfg, "paths.run")))
-    logs = run / "logs"
+    from .layout import LOGS
+
+    logs = run / LOGS  # as hydra.run.dir in configs/config.yaml
     _fresh[:] = [p for p in (logs, *logs.absolute().parents) if not p.exists()]  # deepest first
     if writable(logs):
         return []
@@ -237,10 +248,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: unknown stage {name!r}; the stages are: {', '.join(STAGES)}\n\n{usage()}", file=sys.stderr)
         sys.exit(2)
     entry = STAGES[name]
+    if not entry.hydra:  # a script of eto-train lines: each stage parses its own overrides
+        sys.exit(entry.function()(rest))
     _command = " ".join([PROG, name, *map(shlex.quote, rest)])
 
     from . import errors
+    from .envs.registry import store_plugin_configs
 
+    store_plugin_configs(configs_dir())  # env=<plug-in> composes from its adapter's Config (envs/registry.py)
     # Hydra re-raises what a job raised (hydra/_internal/utils.py run_and_report) and errors.reporting
     # prints it: one block for a config, input or disk error; the traceback with ETO_TRAIN_TRACEBACK=1
     # (or HYDRA_FULL_ERROR=1, which this sets for Hydra while it runs)

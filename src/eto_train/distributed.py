@@ -4,7 +4,7 @@ Training (bc, dpo) runs data-parallel in every process (the Trainer does the sha
 Rollouts (evaluation, exploration) are data-parallel too (rollouts/play.py): the main process
 publishes a plan, every process plays its share into its own shard file, and the main one
 merges the shards and finishes the stage while the others wait for its manifest
-(``eval.data_parallel: false``: the main process plays every episode). Processes meet by
+(``rollout.data_parallel: false``: the main process plays every episode). Processes meet by
 polling files rather than in a collective, because an exploration can outlast NCCL's timeout.
 """
 
@@ -129,20 +129,16 @@ def grad_accum(train: dict) -> int:
     """Gradient accumulation that reaches ``effective_batch`` over all processes.
 
     ``effective_batch`` (optional, the paper's batch: 64 for SFT, 32 for DPO) wins over a
-    fixed ``grad_accum``, so one config serves 1 GPU (4 x 16) and 8 GPUs (4 x 2 x 8).
+    fixed ``gradient_accumulation_steps``, so one config serves 1 GPU (4 x 16) and 8 GPUs (4 x 2 x 8).
     """
     eb = train.get("effective_batch")
     if not eb:
-        return int(train["grad_accum"])
-    per_step = int(train["batch_size"]) * world_size()
+        return int(train["gradient_accumulation_steps"])
+    per_step = int(train["per_device_train_batch_size"]) * world_size()
     if eb % per_step:
-        raise ValueError(f"effective_batch={eb} is not a multiple of batch_size={train['batch_size']} "
-                         f"x {world_size()} processes")
+        raise ValueError(f"effective_batch={eb} is not a multiple of per_device_train_batch_size="
+                         f"{train['per_device_train_batch_size']} x {world_size()} processes")
     return max(1, math.ceil(eb / per_step))
-
-
-def with_grad_accum(train: dict) -> dict:
-    return {**train, "grad_accum": grad_accum(train)}
 
 
 def process_started() -> float:

@@ -40,6 +40,22 @@ DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quot
                errno.EPERM: "operation not permitted"}
 
 
+class ConfigError(ValueError):
+    """A config that cannot run: every bad value named, a line ``<dotted.key>=<value>: <what is
+    allowed>`` each (:func:`eto_train.config.load`), or one sentence (e.g. a finished stage made
+    under another config schema, manifest.py)."""
+
+    def __init__(self, lines: list[str] | str) -> None:
+        self.lines = [lines] if isinstance(lines, str) else list(lines)
+        if isinstance(lines, str):
+            text = lines
+        else:
+            n = len(self.lines)
+            text = (f"{n} bad config value{'s' if n > 1 else ''} (nothing was run or written):\n  "
+                    + "\n  ".join(self.lines))
+        super().__init__(text)
+
+
 def wants_traceback() -> bool:
     """ETO_TRAIN_TRACEBACK or HYDRA_FULL_ERROR set (to anything but empty / 0)."""
     return any(os.environ.get(k, "") not in ("", "0") for k in (TRACEBACK_ENV, "HYDRA_FULL_ERROR"))

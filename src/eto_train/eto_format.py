@@ -14,6 +14,12 @@ The released files (repository Yifan-Song793/ETO: ``data/<env>_sft.json``, read 
   explorations): one ``<task id>.json`` per task, ``{"meta": {..., "reward"}, "conversations"}``;
   :func:`to_eval_output` and :func:`write_eval_outputs` (``export.format=eto_eval``).
 
+AgentGym's AgentTraj (``{"item_id": "webshop_12", "conversations": [{"from", "loss", "value"}, ...]}``,
+its instruction answered "Ok.") is the same conversation under another id: :func:`from_agenttraj`
+reads it into the authors' layout (the readers below take either, entry by entry) and
+:func:`to_agenttraj` writes it (``export.format=agenttraj``). Its ``item_id`` is
+``<AgentGym environment>_<task index>``: :func:`agenttraj_id`.
+
 The instruction + "OK" opening becomes this project's ``Episode.system`` with
 ``opening="instruction_ok"`` (ETO has no system role); a project episode with a system turn is
 written with that opening. The conversions are pure data; the readers at the end
@@ -30,6 +36,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from .layout import CONFIGS
 from .prompting import OK, parse_action
 from .records import Episode, PolicyRef, RecordError, Step, context_length, episode_key, to_messages
 from .store import read_jsonl
@@ -145,6 +152,7 @@ def task_index(tasks: Iterable[Any]) -> dict[str, Any]:
     index: dict[str, Any] = {}
     for t in tasks:
         index[t.task_id] = t
+        index.setdefault(agenttraj_id(t), t)  # AgentTraj's item_id (an AgentGym task's is its task_id)
         if t.env == "alfworld":
             index.setdefault(t.task_id.rsplit("/", 1)[-1], t)  # the trial folder alone
         if t.env == "sciworld":
@@ -166,6 +174,9 @@ def guess_env(ids: Iterable[str]) -> str | None:
     for env, form in _ID_FORMS:
         if ids and all(form.search(i) for i in ids):
             return env
+    prefixes = {m.group(1) if m else None for m in (re.fullmatch(r"([a-z]+)_\d+", i) for i in ids)}
+    if len(prefixes) == 1 and None not in prefixes:  # AgentTraj's <environment>_<index>
+        return prefixes.pop()
     return None
 
 
@@ -193,6 +204,65 @@ def bind_task(ep: Episode, task: Any, env_version: str) -> Episode:
     ep.episode_id = episode_key("expert", task.task_id, 0, task.seed)
     ep.env_version = f"imported; {env_version}"  # experts.IMPORTED prefix
     return ep
+
+
+# -- AgentGym's AgentTraj -------------------------------------------------------------------------
+AGENTGYM_ENV = "agentgym"  # the registry name of envs/agentgym.py: its task ids are AgentGym's item ids
+_AGENTTRAJ_OK = "Ok."  # AgentGym's answer to the instruction turn
+
+
+def agenttraj_id(task: Any) -> str:
+    """The ``item_id`` of a task (or episode) in AgentTraj: ``<AgentGym env>_<index>``. A task played
+    through an AgentGym server has it as its id (``webshop_12``); WebShop's own adapter numbers goals as
+    AgentGym's WebShop server does (``webshop_<goal index>``); any other is ``<env>_<task id>`` (an index
+    of AgentGym's ALFWorld or SciWorld server is not one of this project's tasks there: such ids are
+    reported unmatched, never bound to a wrong task)."""
+    return task.task_id if task.env == AGENTGYM_ENV else f"{task.env}_{task.task_id}"
+
+
+def is_agenttraj(obj: Any) -> bool:
+    return isinstance(obj, dict) and "item_id" in obj and "id" not in obj
+
+
+def from_agenttraj(obj: Any) -> dict[str, Any]:
+    """One AgentTraj entry in the authors' SFT layout (``id``, conversations without ``loss``; its
+    "Ok." opening is the "OK" one: every turn is kept, the instruction becomes ``Episode.system``)."""
+    item = obj.get("item_id")
+    if not isinstance(item, str) or not re.fullmatch(r".+_\S+", item):
+        raise ValueError(f"item_id: expected '<environment>_<index>' such as 'webshop_12', got {item!r}")
+    conv = obj.get("conversations")
+    if not isinstance(conv, list) or not conv:
+        raise ValueError("'conversations' must be a non-empty list")
+    turns = []
+    for i, t in enumerate(conv):
+        if not isinstance(t, dict):
+            raise ValueError(f"conversations[{i}] must be an object {{from, loss, value}}, got {t!r:.60}")
+        turns.append({k: t.get(k) for k in ("from", "value")})
+    if len(turns) > 1 and turns[1]["from"] == "gpt" and isinstance(turns[1]["value"], str) \
+            and turns[1]["value"].strip() == _AGENTTRAJ_OK:
+        turns[1]["value"] = OK
+    return {"id": item, "conversations": turns, **{k: obj[k] for k in ("reward", "success") if k in obj}}
+
+
+def as_authors(obj: Any) -> Any:
+    """An entry of either layout in the authors' (AgentTraj's converted, anything else as it is)."""
+    return from_agenttraj(obj) if is_agenttraj(obj) else obj
+
+
+def to_agenttraj(ep: Episode, id: str | None = None) -> dict[str, Any]:
+    """One episode in AgentTraj's layout: what AgentGym's BC trainer reads (``loss`` true on the
+    policy's turns, false on the opening's answer, null on the human turns)."""
+    conv = to_eto(ep)["conversations"]
+    opening = has_opening(conv)
+    out = []
+    for i, t in enumerate(conv):
+        if t["from"] == "human":
+            out.append({"from": "human", "loss": None, "value": t["value"]})
+        elif opening and i == 1:
+            out.append({"from": "gpt", "loss": False, "value": _AGENTTRAJ_OK})
+        else:
+            out.append({"from": "gpt", "loss": True, "value": t["value"]})
+    return {"item_id": id or agenttraj_id(ep), "conversations": out, "reward": ep.final_score}
 
 
 # -- preference pairs -------------------------------------------------------------------------
@@ -264,19 +334,24 @@ def _item_lines(text: str, n: int) -> list[int]:
     return out
 
 
+def _layout(obj: Any) -> str:
+    return "an AgentTraj trajectory" if is_agenttraj(obj) else "an ETO trajectory"
+
+
 def read_eto_file(path: str | os.PathLike, env: str = "eto-import", split: str = "train") -> list[Episode]:
     """Episodes from ETO's trajectory format; an unusable trajectory names file, line and field."""
     out = []
     for where, obj in _json_items(Path(path)):
         try:
-            out.append(from_eto(obj, env=env, split=split))
+            out.append(from_eto(as_authors(obj), env=env, split=split))
         except (ValueError, TypeError, KeyError) as exc:
-            raise RecordError(f"{where}: not an ETO trajectory: {exc}") from None
+            raise RecordError(f"{where}: not {_layout(obj)}: {exc}") from None
     return out
 
 
 def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tuple[list[Episode], dict[str, Any]]:
-    """Expert episodes from the authors' SFT file, each bound to the training task it belongs to.
+    """Expert episodes from the authors' SFT file (or AgentGym's AgentTraj), each bound to the
+    training task it belongs to.
 
     Every entry is checked first (a malformed one names file, line and item); entries whose id
     matches no task of ``tasks`` are reported, not imported; a second entry for a task is
@@ -288,9 +363,10 @@ def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tu
     for where, obj in _json_items(Path(path)):
         total += 1
         try:
+            obj = as_authors(obj)
             ep = from_eto(obj)
         except (ValueError, TypeError, KeyError) as exc:
-            raise RecordError(f"{where}: not an ETO trajectory: {exc}") from None
+            raise RecordError(f"{where}: not {_layout(obj)}: {exc}") from None
         task = match_task(obj, index)
         if task is None:
             unmatched.append(str(obj.get("game_file", obj.get("id"))))
@@ -339,7 +415,6 @@ def read_eto_pairs(path: str | os.PathLike) -> list[dict[str, Any]]:
 AUTHORS_OFFSET = {"webshop": 10, "sciworld": 16, "alfworld": 12}  # construct_preference.py pred_traj_offset
 SCIWORLD_TASK_PREFIX = "Task Description:\n"
 IDS_FILE = "ids.jsonl"  # file name -> id; not *.json, so their readers skip it
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def file_safe(id: str) -> str:
@@ -355,7 +430,7 @@ def prompt_example(version: str) -> list[dict[str, str]] | None:
     example (it is never trained on), their evaluation outputs do."""
     from omegaconf import OmegaConf
 
-    for p in sorted((_PROJECT_ROOT / "configs" / "prompt").glob("*.yaml")):
+    for p in sorted((CONFIGS / "prompt").glob("*.yaml")):
         prof = OmegaConf.to_container(OmegaConf.load(p))
         if isinstance(prof, dict) and prof.get("version") == version:
             return list(prof.get("example") or [])

@@ -6,6 +6,7 @@ cloning, pair building and evaluation read one format.
 
 from __future__ import annotations
 
+from . import layout
 from .envs.base import Environment, Task
 from .prompting import PromptConfig, first_user_message, format_action, render_observation, system_message
 from .records import NOT_POLICY_FAULT, Episode, PolicyRef, Step, episode_key
@@ -75,7 +76,7 @@ def read_experts(path, env: str | None = None) -> list[Episode]:
     if not episodes:
         raise ValueError(
             f"{path}: empty experts file (0 episodes); {writer} (if it says up to date, delete "
-            f"{path.parent / 'manifest.json'} first). If it writes none either, the training split is empty "
+            f"{layout.manifest(path.parent)} first). If it writes none either, the training split is empty "
             f"(env.splits.train, env.tasks) or experts.source matches no training task")
     if env is not None:
         for i, ep in enumerate(episodes, start=1):

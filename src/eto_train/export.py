@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .eto_format import eto_id, pair_to_eto, to_eto, to_eval_output, write_eval_outputs
+from .eto_format import agenttraj_id, eto_id, pair_to_eto, to_agenttraj, to_eto, to_eval_output, write_eval_outputs
 from .pairs import Pair, pair_from_dict
 from .records import NOT_POLICY_FAULT, Episode, RecordError, to_messages
 from .redact import Redactor
 from .store import read_jsonl, write_atomic, write_jsonl
 
 # the authors' layouts | chat messages (TRL) | full records | the authors' evaluation outputs (a
-# folder, one file per task: what their construct_preference.py reads; eto_format.write_eval_outputs)
-EXPORT_FORMATS = ("eto", "messages", "episodes", "eto_eval")
+# folder, one file per task: what their construct_preference.py reads; eto_format.write_eval_outputs) |
+# AgentGym's AgentTraj (item_id, conversations with loss flags: what its BC trainer reads)
+EXPORT_FORMATS = ("eto", "messages", "episodes", "eto_eval", "agenttraj")
 
 
 @dataclass
@@ -62,6 +63,8 @@ def _episode_record(ep: Episode, fmt: str, id: str) -> dict[str, Any]:
         return to_eto(ep, id=id)
     if fmt == "eto_eval":
         return to_eval_output(ep, id=id)
+    if fmt == "agenttraj":
+        return to_agenttraj(ep, id=id)
     if fmt == "messages":
         return {"id": id, "task_id": ep.task_id, "messages": to_messages(ep),
                 "reward": ep.final_score, "success": ep.success}
@@ -69,8 +72,9 @@ def _episode_record(ep: Episode, fmt: str, id: str) -> dict[str, Any]:
 
 
 def _pair_record(pair: Pair, fmt: str, id: str) -> dict[str, Any]:
-    if fmt == "eto_eval":
-        raise ValueError(f"export.format=eto_eval holds episodes (the authors' evaluation outputs), not pairs "
+    if fmt in ("eto_eval", "agenttraj"):
+        what = "the authors' evaluation outputs" if fmt == "eto_eval" else "AgentGym's trajectories"
+        raise ValueError(f"export.format={fmt} holds episodes ({what}), not pairs "
                          f"(pair {pair.pair_id}): export pairs with format eto")
     if fmt == "eto":  # the authors' construct_preference.py layout, read by their train_dpo.py
         return pair_to_eto(pair, id=id)
@@ -141,7 +145,8 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
                 skipped[ep.status] = skipped.get(ep.status, 0) + 1
                 continue
             records.append(ep)
-    ids = _distinct_ids([eto_id(r) if isinstance(r, Episode) else r.task_id for r in records])
+    episode_id = agenttraj_id if cfg.format == "agenttraj" else eto_id  # the id the format's readers key on
+    ids = _distinct_ids([episode_id(r) if isinstance(r, Episode) else r.task_id for r in records])
     rows = [_pair_record(r, cfg.format, i) if isinstance(r, Pair) else _episode_record(r, cfg.format, i)
             for r, i in zip(records, ids)]
     matched = [False] * len(cfg.drop_fields)

@@ -40,6 +40,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import layout
+
 EXIT_STATUS = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 _INTERRUPTED = threading.Event()
 _said = threading.Event()
@@ -92,7 +94,7 @@ class _Guard:
         """The manifest of the stage this process left running (the newest one it touched)."""
         found = []
         for root in self._roots():
-            for m in root.rglob("manifest.json"):
+            for m in root.rglob(layout.MANIFEST):
                 try:
                     if m.stat().st_mtime < self.started - 1:
                         continue
@@ -120,17 +122,17 @@ class _Guard:
             return f"interrupted: finished stages and episodes recorded so far are kept{where}; {again}"
         folder, manifest = running
         name = manifest.get("stage", folder.name)
-        episodes = folder / "episodes.jsonl"
+        episodes = layout.episodes(folder)
         total = (manifest.get("config") or {}).get("episodes")
         if episodes.exists() or total is not None:
             # a data-parallel play keeps what each rank recorded in its shard until the merge
-            sharded = sum(map(_complete_lines, (folder / "shards").glob("rank*.jsonl")))
+            sharded = sum(map(_complete_lines, (folder / layout.SHARDS).glob("rank*.jsonl")))
             n = _complete_lines(episodes) + sharded
             of = f" of {total}" if total is not None else ""
-            where = f"{episodes} and {folder / 'shards'}" if sharded else episodes
+            where = f"{episodes} and {folder / layout.SHARDS}" if sharded else episodes
             return f"interrupted: {n}{of} episodes of {name} kept in {where}; {again}"
         # whole checkpoints only: the Trainer writes trainer_state.json last (training/resume.py)
-        whole = [c for c in (folder / "checkpoints").glob("checkpoint-*") if (c / "trainer_state.json").is_file()]
+        whole = [c for c in layout.checkpoints(folder).glob("checkpoint-*") if (c / layout.TRAINER_STATE).is_file()]
         ckpts = sorted(whole, key=_step)
         if ckpts:
             return (f"interrupted: {name} stopped; its checkpoints up to {ckpts[-1].name} are kept in "

@@ -9,12 +9,21 @@ methods here, so no stage spells a folder name of its own. The tree (README's "R
     <run>/eval/<tag>/<split>/            RunLayout.evaluation(tag) / split  (tag "bc": paths.bc_eval)
     <run>/eto/iter<k>/                   RunLayout.iteration(k): explore/ pairs/ dpo/ eval/ summary.json
     <run>/eto/result.json                RunLayout.eto_result
-    <run>/compare/<variant>/             the same explore/ pairs/ dpo/ inside, per contrast variant
+    <run>/compare/<variant>/             the same explore/ (explore_step/) pairs/ dpo/ inside, per variant
+    <run>/compare/control/ eval/<name>/  compare's SFT control and every policy's evaluation
+    <run>/compare/compare.{json,md,png}  compare_file(out, ".json")
+    <run>/reading/<split>.json           RunLayout.reading(split)
+    <run>/report.{json,md}               REPORT, with ITERATION_PLOT
+    <run>/logs/                          LOGS
     <run>/cache/<kind>/<hash>/           RunLayout.cache(kind, key): finished work reused by content
+    <stage>/manifest.json                manifest(stage_dir): every stage's record (MANIFEST)
 
 Under a Hydra multirun (:func:`isolate_sweep_job`) every job gets its own ``run`` folder, and
 shares ``base`` (experts, the tiny model, BC and its evaluation, the cache) with the other jobs
 unless it overrides something BC depends on (:data:`BC_DEPENDS_ON`).
+
+The repository's own folders (``configs/``, the shipped ``data/`` and ``models/``) are found from
+:data:`REPO_ROOT`, the one place that knows where the checkout is.
 """
 
 from __future__ import annotations
@@ -23,12 +32,57 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# The checkout this package runs from (an editable install: src/eto_train/ -> the repository).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = REPO_ROOT / "configs"     # the Hydra config tree (cli.configs_dir: unless $ETO_TRAIN_CONFIGS)
+
+
+def from_repo(path: str | Path, exists=Path.exists) -> Path:
+    """``path`` as given when it exists there (scripts run from the repository root), else the same
+    relative path under :data:`REPO_ROOT` (tests and other working folders): a config's shipped
+    ``data/...`` is found from anywhere."""
+    p = Path(path)
+    return REPO_ROOT / p if not p.is_absolute() and not exists(p) else p
+
+
+# -- names inside any stage's folder -----------------------------------------------------------------
+MANIFEST = "manifest.json"    # every stage's record (manifest.py): config hash, status, outputs
 POLICY = "model"              # a training stage's policy (one plain checkpoint) inside its folder
+CHECKPOINTS = "checkpoints"   # a training stage's Trainer checkpoints (TRL's output_dir) inside its folder
+ADAPTER = "adapter"           # a LoRA stage's adapter, beside its merged policy (training/save.py)
+PAIRS_DATASET = "pairs_dataset"  # a data-parallel DPO stage's flattened pairs (training/recipe.py)
+TRAINING_OUTPUTS = (POLICY, CHECKPOINTS, ADAPTER)  # what a training stage writes (its manifest's outputs)
+TRAINER_STATE = "trainer_state.json"  # transformers' record inside each checkpoint-<step>/
 EPISODES = "episodes.jsonl"   # a rollout's episodes (one record per line)
 METRICS = "metrics.json"      # an evaluation's metrics beside its episodes
-PAIRS = "pairs.jsonl"         # a pairs stage's pairs (+ stats.json)
+SHARDS = "shards"             # a data-parallel rollout's bookkeeping in its work folder: plan.json, rank<r>.jsonl
+PLAN = "plan.json"
+PAIRS = "pairs.jsonl"         # a pairs stage's pairs (+ STATS)
+STATS = "stats.json"          # a pairs stage's counts beside its pairs
 SUMMARY = "summary.json"      # an ETO iteration's summary
 RESULT = "result.json"        # the ETO loop's result
+
+# -- folder and file names of the run folder -----------------------------------------------------------
+EVAL = "eval"                 # <run>/eval/<tag>/, <iteration>/eval/, <compare>/eval/<policy>/
+EXPLORE = "explore"           # an iteration's (or a contrast variant's) exploration
+EXPLORE_STEP = "explore_step"  # ... and its step-level continuations (eto.pairs.contrast: step, mixture)
+PAIRS_DIR = "pairs"
+DPO = "dpo"
+CONTROL = "control"           # compare's SFT control, in <compare>/
+COMPARE = "compare"           # compare's result: COMPARE.json, .md, .png in <compare>/
+READING = "reading"           # <run>/reading/<split>.json
+REPORT = "report"             # the demo's report: <run>/report.json, report.md and ITERATION_PLOT
+ITERATION_PLOT = "success_vs_iteration.png"
+LOGS = "logs"                 # <run>/logs/: every command's log (cli.py)
+# pretraining (<pretrain>/): tokens/ (TOKENIZER, TRAIN_TOKENS, HELDOUT_TOKENS), then model/ + PROBES, PROGRESS
+TOKENS = "tokens"
+TOKENIZER = "tokenizer"
+TRAIN_TOKENS = "train.bin"
+HELDOUT_TOKENS = "heldout.bin"
+PROBES = "probes.json"
+PROGRESS = "progress.json"
+LOSS_PLOT = "loss.png"        # inside the pretrained model's folder, with MODEL_CARD
+MODEL_CARD = "MODEL_CARD.md"
 
 # The config sections BC's result depends on: the experts' (env, experts, prompt) and BC's own
 # (its stage config: model, bc, seed, prompt); a sweep job overriding one of them trains its own BC.
@@ -58,7 +112,11 @@ class RunLayout:
 
     def evaluation(self, tag: str) -> Path:
         """A policy's evaluations (``<split>/episodes.jsonl``): BC's are shared by a sweep's jobs."""
-        return self.bc_eval if tag == "bc" else self.run / "eval" / tag
+        return self.bc_eval if tag == "bc" else self.run / EVAL / tag
+
+    def reading(self, split: str) -> Path:
+        """The reading report of ``split`` (``make reading``)."""
+        return self.run / READING / f"{split}.json"
 
     def iteration(self, k: int) -> Path:
         return self.eto / f"iter{k}"
@@ -75,20 +133,53 @@ class RunLayout:
 # -- inside an iteration (or a contrast variant) folder --------------------------------------------
 
 def explore_dir(out: Path) -> Path:
-    return out / "explore"
+    return out / EXPLORE
+
+
+def explore_step_dir(out: Path) -> Path:
+    return out / EXPLORE_STEP
 
 
 def pairs_file(out: Path) -> Path:
-    return out / "pairs" / PAIRS
+    return out / PAIRS_DIR / PAIRS
+
+
+def pairs_stats(out: Path) -> Path:
+    return out / PAIRS_DIR / STATS
 
 
 def dpo_dir(out: Path) -> Path:
-    return out / "dpo"
+    return out / DPO
+
+
+def evaluations(out: Path) -> Path:
+    """The evaluations inside an iteration or compare folder (``<out>/eval/``)."""
+    return out / EVAL
+
+
+def compare_file(out: Path, suffix: str) -> Path:
+    """Compare's result in ``out``: ``compare.json``, ``compare.md``, ``compare.png``."""
+    return out / f"{COMPARE}{suffix}"
+
+
+def manifest(stage_dir: str | Path) -> Path:
+    """The manifest of the stage in ``stage_dir``."""
+    return Path(stage_dir) / MANIFEST
+
+
+def shard(work: Path, rank: int) -> Path:
+    """Rank ``rank``'s episodes of a data-parallel rollout (in the stage's work folder)."""
+    return work / SHARDS / f"rank{rank}.jsonl"
 
 
 def policy(stage_dir: str | Path) -> Path:
     """The policy a training stage wrote in ``stage_dir``."""
     return Path(stage_dir) / POLICY
+
+
+def checkpoints(stage_dir: str | Path) -> Path:
+    """The Trainer checkpoints of a training stage in ``stage_dir`` (its TRL arguments' ``output_dir``)."""
+    return Path(stage_dir) / CHECKPOINTS
 
 
 def episodes(folder: Path, split: str | None = None) -> Path:
@@ -110,7 +201,7 @@ def writer_stage(path: str | Path) -> str | None:
 
     path = Path(path)
     try:
-        m = json.loads((path.parent / "manifest.json").read_text(encoding="utf-8"))
+        m = json.loads(manifest(path.parent).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(m, dict) or m.get("status") != "done" or not isinstance(m.get("stage"), str) \

@@ -40,12 +40,14 @@ from typing import Any
 
 from . import tracking
 from .distributed import is_main
+from .errors import ConfigError
 from .locks import acquire_lock, cannot_write, release_lock
-from .layout import rebuild_hint
+from .layout import MANIFEST, rebuild_hint
 from .records import RecordError
 from .runtime import _threads, config_hash, versions
 from .store import file_sha256, identity_sha256, is_identity_file, umask_modes, write_json
 
+CONFIG_SCHEMA = 2  # the config's shape (config.py): 2 = typed, TRL's names in bc / eto.dpo, a rollout section
 NEXT, OLD = ".next", ".old"  # a rerun of a finished stage works in NEXT; OLD holds what a swap replaces
 STATUSES = ("running", "done")
 OUTPUT_FILES = "output_files"  # the manifest's record of a finished stage's outputs (see Stage.finish)
@@ -107,6 +109,35 @@ def _schema_error(m: Any) -> str | None:
                           and isinstance(v.get("files"), dict)) for v in rec.values())):
         return f"'{OUTPUT_FILES}' is not a record of output files"
     return None
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two config dicts (a key on one side only too)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new else [prefix.rstrip(".") or "(the config)"]
+    out: list[str] = []
+    for k in sorted(set(old) | set(new), key=str):
+        if k not in old or k not in new:
+            out.append(f"{prefix}{k}")
+        else:
+            out += changed_keys(old[k], new[k], f"{prefix}{k}.")
+    return out
+
+
+def check_schema(folder: Path, manifest: dict[str, Any] | None, config: dict[str, Any]) -> None:
+    """A finished stage made before the typed config (its manifest has no ``config_schema``) whose
+    config hash differs from this run's is an error, never a silent re-run over its result: the
+    keys were renamed, so the difference is most likely the names, not the settings."""
+    if not manifest or manifest.get("status") != "done" or "config_schema" in manifest \
+            or manifest.get("config_hash") == config_hash(config):
+        return
+    keys = changed_keys(manifest.get("config"), config)
+    shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} keys)" if len(keys) > 8 else "")
+    raise ConfigError(
+        f"{folder}: stage {manifest.get('stage')!r} finished before the typed config (config schema 1) and its "
+        f"config differs from this run's ({shown or 'the config hash'}): bc/eto.dpo keys are TRL's now "
+        f"(bc.lr -> bc.learning_rate, bc.epochs -> bc.num_train_epochs, ...), rollout settings moved from eval.* "
+        f"to rollout.*. Nothing was changed: use a new run_name or remove {folder}")
 
 
 def _output_files(p: Path) -> list[Path]:
@@ -177,7 +208,7 @@ def check_input(key: str, path: str | os.PathLike, stage: str) -> None:
     must still be what that stage wrote: else :class:`DamagedInput` naming the stage that rebuilds it."""
     p = Path(path)
     try:
-        m = _read_manifest(p.parent / "manifest.json")
+        m = _read_manifest(p.parent / MANIFEST)
     except DamagedManifest:
         return  # the writer's own run reports its manifest; the input's bytes are checked by its reader
     if not m or m.get("status") != "done" or p.name not in (m.get(OUTPUT_FILES) or {}):
@@ -233,7 +264,7 @@ class Stage:
         self.name, self.dir, self.config = name, Path(out_dir), config
         self.inputs = {k: str(v) for k, v in (inputs or {}).items()}
         self.outputs = list(outputs) if outputs else None
-        self.manifest_path = self.dir / "manifest.json"
+        self.manifest_path = self.dir / MANIFEST
         self.work = self.dir
         self.started = time.time()
         self._locked = False
@@ -272,11 +303,13 @@ class Stage:
             if self._locked:
                 self._roll_forward()
             m = _read_manifest(self.manifest_path)  # a damaged one stops the stage here, nothing touched
+            if lock:  # (a look at a sweep's cache takes none: an old copy there is just not reused)
+                check_schema(self.dir, m, self.config)
             present = [n for n in self.outputs or [] if (self.dir / n).exists()]
             if m is None and present:  # outputs nobody can vouch for: never deleted, never taken as done
                 raise _damaged(self.manifest_path, f"missing, beside the outputs {', '.join(present)}")
             if self.outputs:
-                _read_manifest(self.dir / NEXT / "manifest.json")  # a damaged aside folder stops it too
+                _read_manifest(self.dir / NEXT / MANIFEST)  # a damaged aside folder stops it too
         except BaseException:
             self.release()
             raise
@@ -295,10 +328,10 @@ class Stage:
         old = _read_manifest(self.manifest_path)
         same = bool(old) and old.get("status") == "done" and self._same(old)
         if self._unwritable is not None and self.outputs:  # a committed swap nobody could complete
-            same = same and (_read_manifest(self.dir / NEXT / "manifest.json") or {}).get("status") != "done"
+            same = same and (_read_manifest(self.dir / NEXT / MANIFEST) or {}).get("status") != "done"
         # a look at a cache (no outputs declared) checks what was copied there (copy_outputs: some outputs)
         self.damage = output_damage(self.dir, old, self.outputs if self.outputs is not None else
-                                    [n for n in os.listdir(self.dir) if n != "manifest.json"]) if same else []
+                                    [n for n in os.listdir(self.dir) if n != MANIFEST]) if same else []
         if self.damage:
             print(f"[{self.name}] finished in {self.dir}, but its outputs are not what it wrote: "
                   + "; ".join(self.damage) + ". Redoing it (aside; the files stay until the new result is whole)")
@@ -325,7 +358,7 @@ class Stage:
             self.input_hashes = self._input_hashes()
         if not self._locked:
             self._prepare(lock=True)
-        manifest = {"stage": self.name, "status": "running", "config": self.config,
+        manifest = {"stage": self.name, "status": "running", "config_schema": CONFIG_SCHEMA, "config": self.config,
                     "config_hash": config_hash(self.config), "inputs": self.inputs,
                     "input_hashes": self.input_hashes, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         main = is_main()  # the other processes of `accelerate launch` read, they never write the manifest
@@ -333,14 +366,14 @@ class Stage:
             tracking.start(self.name, self.config, self.dir)  # this stage's wandb run (when tracking)
             self._tracked = True
         if self.work != self.dir:  # a finished result stays in place until this run is whole
-            old = _read_manifest(self.work / "manifest.json")
+            old = _read_manifest(self.work / MANIFEST)
             resumable = bool(old) and old.get("status") == "running" and self._same(old)
             if main:
                 if not resumable:
                     self._discard(self.work)
                 self.work.mkdir(parents=True, exist_ok=True)
                 write_json(self.work / ".outputs", self.outputs)
-                write_json(self.work / "manifest.json", manifest)
+                write_json(self.work / MANIFEST, manifest)
             return resumable
         resumable = self._same(_read_manifest(self.manifest_path))
         if main:
@@ -351,7 +384,7 @@ class Stage:
     def finish(self, metrics: dict[str, Any] | None = None, **extra: Any) -> None:
         umask_modes(self.work)  # checkpoints readable by the team, like every other output
         manifest = {
-            "stage": self.name, "status": "done", "config": self.config,
+            "stage": self.name, "status": "done", "config_schema": CONFIG_SCHEMA, "config": self.config,
             "config_hash": config_hash(self.config), "inputs": self.inputs,
             "input_hashes": getattr(self, "input_hashes", None) or self._input_hashes(),
             "versions": versions(), "threads": _threads(), "seconds": round(time.time() - self.started, 2),
@@ -359,7 +392,7 @@ class Stage:
         if self.outputs:  # done means whole: what the outputs are, re-checked by done()
             manifest[OUTPUT_FILES] = record_outputs(self.work, self.outputs)
         if self.work != self.dir:
-            write_json(self.work / "manifest.json", manifest)  # the commit: the new result is whole
+            write_json(self.work / MANIFEST, manifest)  # the commit: the new result is whole
             self._roll_forward()
             self.work = self.dir
         else:
@@ -380,10 +413,10 @@ class Stage:
         write_json(nxt / ".outputs", self.outputs or names)
         for name in names:
             (shutil.copytree if (src / name).is_dir() else shutil.copyfile)(src / name, nxt / name)
-        m = _read_manifest(src / "manifest.json")
+        m = _read_manifest(src / MANIFEST)
         if isinstance(m.get(OUTPUT_FILES), dict):  # the record of what was copied, not of what stayed there
             m[OUTPUT_FILES] = {k: v for k, v in m[OUTPUT_FILES].items() if k in names}
-        write_json(nxt / "manifest.json", m)  # the commit (atomic)
+        write_json(nxt / MANIFEST, m)  # the commit (atomic)
         self._roll_forward()
         self.work = self.dir
         self.release()
@@ -432,7 +465,7 @@ class Stage:
         that the folder holds no old output any more; phase 2 moves the new outputs in, then the
         manifest (so the folder's manifest says done only over the new outputs)."""
         nxt, old = self.dir / NEXT, self.dir / OLD
-        m = _read_manifest(nxt / "manifest.json")
+        m = _read_manifest(nxt / MANIFEST)
         if not m or m.get("status") != "done":
             return
         outputs = json.loads((nxt / ".outputs").read_text())
@@ -449,7 +482,7 @@ class Stage:
             if (nxt / name).exists():
                 self._discard(self.dir / name)
                 os.rename(nxt / name, self.dir / name)
-        os.replace(nxt / "manifest.json", self.manifest_path)
+        os.replace(nxt / MANIFEST, self.manifest_path)
         _fsync_dir(self.dir)
         self._discard(nxt)
         self._discard(old)
@@ -462,7 +495,7 @@ def copy_outputs(src: Path, dst: Path, names: list[str]) -> None:
     import shutil
 
     dst.mkdir(parents=True, exist_ok=True)
-    for name in [*names, "manifest.json"]:
+    for name in [*names, MANIFEST]:
         tmp, final = dst / f".{name}.tmp", dst / name
         if tmp.exists():
             shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import layout
 from .store import read_episodes
 
 
@@ -23,12 +24,12 @@ def fault_accounts(run: Path) -> list[dict[str, Any]]:
     failures, and (when faults were injected) the injected count from the stage's manifest.
     ``cache/`` holds copies of stage outputs and is left out so nothing is counted twice."""
     rows = []
-    for file in sorted(f for f in run.rglob("episodes.jsonl") if ".next" not in f.parts):  # not a rerun set aside
+    for file in sorted(f for f in run.rglob(layout.EPISODES) if ".next" not in f.parts):  # not a rerun set aside
         rel = file.parent.relative_to(run)
         if rel.parts[0] == "cache":
             continue
         eps = read_episodes(file)
-        manifest = file.parent / "manifest.json"
+        manifest = layout.manifest(file.parent)
         injected = None
         if manifest.exists():
             injected = (json.loads(manifest.read_text()).get("metrics") or {}).get("faults", {}).get("injected_faults")

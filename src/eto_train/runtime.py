@@ -20,9 +20,18 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "t
 
 
 def to_plain(cfg) -> Any:
+    """A config section as plain JSON types: a typed section (config.py) as the YAML gave it
+    (``exclude_unset``: defaults the YAML does not name stay out, so stage hashes keep their
+    value), a DictConfig resolved, a dict or list as it is."""
+    from pydantic import BaseModel
+
+    if isinstance(cfg, BaseModel):
+        return cfg.model_dump(mode="json", exclude_unset=True)
+    if isinstance(cfg, (dict, list)):
+        return cfg
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, (dict, list)) else cfg
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def setup_runtime(threads: int) -> None:

@@ -30,11 +30,14 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib.metadata import version as pkg_version
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional
 
+from pydantic import Field
+
+from ..config import Choice, EnvSection, Int, Rule, Section, Text, one_of
+from ..layout import from_repo
 from .base import EnvironmentFailure, StepResult, Task
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 FOLDS = ("train", "valid_seen", "valid_unseen")
 TASK_TYPES = {1: "pick_and_place_simple", 2: "look_at_obj_in_light", 3: "pick_clean_then_place_in_recep",
               4: "pick_heat_then_place_in_recep", 5: "pick_cool_then_place_in_recep",
@@ -69,9 +72,7 @@ def _data_dir(data_dir: str | None) -> Path:
 
 
 def _find_ids(ids_dir: str, name: str) -> Path:
-    p = Path(ids_dir) / name
-    if not p.is_absolute() and not p.is_file():  # scripts run from the repo root; tests may not
-        p = PROJECT_ROOT / p
+    p = from_repo(Path(ids_dir) / name, Path.is_file)
     if not p.is_file():
         raise FileNotFoundError(f"env.splits: id list {name} not found in {ids_dir}")
     return p
@@ -100,6 +101,24 @@ class ALFWorldEnv:
     """One live ALFWorld game; implements :class:`eto_train.envs.base.Environment`."""
 
     name = "alfworld"
+
+    class Config(EnvSection):
+        """The ``env`` section of configs/env/alfworld.yaml."""
+
+        class Split(Section):
+            fold: Choice(FOLDS)
+            ids: Text(null="every solvable game of the fold") = None
+
+        step_limit: Int(ge=1, when=" (max steps per episode)") = 40
+        splits: Annotated[dict[str, Annotated[Split, Rule(f"{{fold: {'|'.join(FOLDS)}, ids: <file> (optional)}}")]],
+                          Field(min_length=1), Rule("a mapping of split name -> {fold, ids}")]
+        data_dir: Text(null="$ALFWORLD_DATA/json_2.1.1") = None
+        ids_dir: Text() = "data/alfworld_eto"
+        task_types: Annotated[Optional[list[Literal[tuple(TASK_TYPES)]]], Field(min_length=1),
+                              Rule(f"a non-empty list of ALFWorld task types, each {one_of(sorted(TASK_TYPES))}, "
+                                   "or null (all)")] = None
+        expert: Choice(("planner", "walkthrough")) = "planner"
+        limit_per_type: Int(ge=1, null="every game") = None
 
     def __init__(self, splits: dict[str, dict[str, Any]], step_limit: int = 40,
                  data_dir: str | None = None, ids_dir: str = "data/alfworld_eto",

@@ -158,11 +158,6 @@ def ledger_for(cfg: FaultConfig) -> FaultLedger:
     return _LEDGERS.setdefault(cfg.key(), FaultLedger())
 
 
-def reset_ledgers() -> None:
-    _LEDGERS.clear()
-    INJECTED.clear()
-
-
 def new_play() -> None:
     """Start every configuration's ledger afresh (the process-wide log is kept).
 

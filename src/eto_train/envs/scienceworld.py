@@ -34,14 +34,17 @@ import weakref
 from dataclasses import dataclass
 from importlib.metadata import version as pkg_version
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional, Union
 
+from pydantic import AfterValidator, Field
+
+from ..config import EnvSection, Flag, Int, Num, Rule, Text, Texts, allowed, one_of
+from ..layout import from_repo
 from .base import EnvironmentFailure, EnvironmentTimeout, StepResult, Task
 from .jvm import stop_jvm
 
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs every gateway start at INFO
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 # ETO's taskname2id.json skips number 5: by its alphabetical numbering that is the one task ETO
 # left out of every split. Added so that all 30 tasks have a number.
 EXTRA_TASK_NUMBERS = {"task-10-measure-melting-point-(unknown-substance)": 5}
@@ -49,6 +52,13 @@ NO_MATCH = "No known action matches that input."
 ELECTRICAL = ("power-component", "conductivity")  # tasks that keep connect/disconnect under "easy"
 SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
                    "noElectricalAction")  # the jar accepts unknown labels at load, then fails each step
+
+
+def _simplifications(v: str | None) -> str | None:
+    bad = [s for s in (v or "").split(",") if s and s not in SIMPLIFICATIONS]
+    if bad:
+        raise allowed(f"comma-separated, each {one_of(SIMPLIFICATIONS)}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,26 @@ class ScienceWorldEnv:
 
     name = "sciworld"
 
+    class Config(EnvSection):
+        """The ``env`` section of configs/env/sciworld.yaml."""
+
+        step_limit: Int(ge=1, null="the paper's per-task limits, max_steps.json", when=" (max steps per episode)") = None
+        default_step_limit: Int(ge=1) = 100
+        splits: Annotated[dict[str, Annotated[str, Field(min_length=1),
+                                              Rule("a file of [task, variation] pairs in env.data_dir")]],
+                          Field(min_length=1), Rule("a mapping of split name -> file")]
+        data_dir: Text() = "data/sciworld_eto"
+        simplifications: Annotated[Optional[str], AfterValidator(_simplifications),
+                                   Rule(f"comma-separated, each {one_of(SIMPLIFICATIONS)}")] = "easy"
+        tasks: Annotated[Optional[list[Union[Annotated[str, Field(min_length=1)], int]]], Field(min_length=1),
+                         Rule("a non-empty list of ETO task names or task numbers, or null (all tasks)")] = None
+        limit_per_task: Int(ge=1, null="every variation") = None
+        heap_mb: Int(ge=1) = 512
+        games_per_jvm: Int(ge=1) = 8
+        jvm_options: Texts(nonempty=False, null="none") = None
+        timeout_s: Num(gt=0) = 120
+        valid_actions: Flag = False
+
     def __init__(self, splits: dict[str, str], data_dir: str = "data/sciworld_eto",
                  simplifications: str = "easy", tasks: list[str | int] | None = None,
                  limit_per_task: int | None = None, step_limit: int | None = None,
@@ -197,9 +227,7 @@ class ScienceWorldEnv:
     # -- configuration ----------------------------------------------------------------------
     @staticmethod
     def _find(data_dir: str) -> Path:
-        p = Path(data_dir)
-        if not p.is_absolute() and not p.is_dir():  # scripts run from the repo root; tests may not
-            p = PROJECT_ROOT / p
+        p = from_repo(data_dir, Path.is_dir)
         if not (p / "taskname2id.json").is_file():
             raise ValueError(f"env.data_dir: {data_dir} has no taskname2id.json (the ETO split files)")
         return p

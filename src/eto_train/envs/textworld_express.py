@@ -15,8 +15,11 @@ import logging
 import os
 from collections import deque
 from importlib.metadata import version as pkg_version
-from typing import Any
+from typing import Annotated, Any, Optional
 
+from pydantic import Field
+
+from ..config import Choice, EnvSection, Int, Rule, Section
 from .base import EnvironmentFailure, StepResult, Task
 from .jvm import stop_jvm
 
@@ -116,6 +119,26 @@ class TextWorldExpressEnv:
     """One live TextWorldExpress game; implements :class:`eto_train.envs.base.Environment`."""
 
     name = "twx"
+
+    class Config(EnvSection):
+        """The ``env`` section of configs/env/twx.yaml."""
+
+        class Game(Section):
+            name: Choice(tuple(ACTION_FORMS), what="a TextWorldExpress game")
+            params: Annotated[Optional[str], Rule("a string of game parameters, e.g. 'numLocations=3'")] = ""
+
+        class Split(Section):
+            fold: Choice(FOLDS)
+            start: Int(ge=0)
+            count: Int(ge=1)
+
+        step_limit: Int(ge=1, when=" (max steps per episode)") = 15
+        games: Annotated[list[Game], Field(min_length=1),
+                         Rule(f"a non-empty list of {{name: <game>, params: <str>}}, game one of "
+                              f"{', '.join(map(repr, ACTION_FORMS))}")]
+        splits: Annotated[dict[str, Annotated[Split, Rule(f"{{fold: {'|'.join(FOLDS)}, start: <int >= 0>, "
+                                                          "count: <int >= 1>}")]],
+                          Field(min_length=1), Rule("a mapping of split name -> {fold, start, count}")]
 
     def __init__(self, games: list[dict[str, Any]], splits: dict[str, dict[str, Any]],
                  step_limit: int, **_: Any) -> None:

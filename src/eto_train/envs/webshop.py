@@ -46,12 +46,16 @@ from dataclasses import dataclass
 from importlib.metadata import packages_distributions
 from importlib.metadata import version as pkg_version
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional, Union
 
+from pydantic import Discriminator, Field, Tag
+
+from ..config import Choice, EnvSection, Flag, Int, Rule, Section, Text, Texts
+from ..layout import from_repo
 from .base import EnvironmentFailure, StepResult, Task
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 GAME = "webshop"  # one task family
+OBSERVATION_MODES = ("html", "text", "text_rich", "url")  # WebAgentTextEnv's observation modes
 ACTION_FORMS = ["search[<keywords>]", "click[<button, product or option>]"]
 INVALID = "Invalid action!"  # ETO's answer when the simulator asserts on an action
 # WebShop's own action parser (web_agent_site/engine/engine.py: parse_action)
@@ -115,6 +119,31 @@ class WebShopEnv:
 
     name = "webshop"
 
+    class Config(EnvSection):
+        """The ``env`` section of configs/env/webshop.yaml."""
+
+        class Split(Section):
+            """Goals no ETO list names: ``count`` of them from ``start``, none of the files ``not_in``."""
+
+            not_in: Texts(nonempty=False) = []
+            count: Int(ge=1)
+            start: Int(ge=0) = 0
+
+        step_limit: Int(ge=1, when=" (max steps per episode)") = 10
+        splits: Annotated[dict[str, Annotated[
+            Union[Annotated[Annotated[str, Field(min_length=1)], Tag("file")], Annotated[Split, Tag("goals")]],
+            Discriminator(lambda v: "file" if isinstance(v, str) else "goals"),
+            Rule("a file of goal indices in env.data_dir, or {not_in: [files], count: <int >= 1>, "
+                 "start: <int >= 0>}")]], Field(min_length=1), Rule("a mapping of split name -> split")]
+        text_env: Text(what="'module:Class', e.g. web_agent_site.envs:WebAgentTextEnv",
+                       pattern=r"^[\w.]+:[\w.]+$") = "web_agent_site.envs:WebAgentTextEnv"
+        observation_mode: Choice(OBSERVATION_MODES) = "text"
+        human_goals: Flag = True
+        env_kwargs: Annotated[Optional[dict[str, Any]], Rule("a mapping of WebAgentTextEnv keywords, or null (none)")] = None
+        share_server: Flag = True
+        data_dir: Text() = "data/webshop_eto"
+        limit: Int(ge=1, null="every goal") = None
+
     def __init__(self, splits: dict[str, Any], text_env: str = "web_agent_site.envs:WebAgentTextEnv",
                  data_dir: str = "data/webshop_eto", step_limit: int = 10, observation_mode: str = "text",
                  human_goals: bool = True, env_kwargs: dict[str, Any] | None = None,
@@ -144,9 +173,7 @@ class WebShopEnv:
     # -- configuration ----------------------------------------------------------------------
     @staticmethod
     def _find(data_dir: str) -> Path:
-        p = Path(data_dir)
-        if not p.is_absolute() and not p.is_dir():  # scripts run from the repo root; tests may not
-            p = PROJECT_ROOT / p
+        p = from_repo(data_dir, Path.is_dir)
         if not p.is_dir():
             raise ValueError(f"env.data_dir: {data_dir} is not a folder (the ETO split files, data/webshop_eto)")
         return p

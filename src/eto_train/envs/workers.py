@@ -7,7 +7,7 @@ sizes the simulators, not the model, set the pace (``make bench ARGS="bench.only
 With ``env.workers: N`` the rollout (:func:`eto_train.rollouts.loop.run_rollouts`) hosts its
 environments in N processes instead, each building them with the same factory (the env config,
 so each worker starts its own simulators: its own JVMs), and sends each row's action to its
-worker as soon as it has one (as the row finishes decoding with ``eval.overlap_env`` and the KV
+worker as soon as it has one (as the row finishes decoding with ``rollout.overlap_env`` and the KV
 engine, else once the batch has); the N workers step at once and the rollout collects the
 answers in row order. Resets are sent the same way.
 
@@ -48,7 +48,9 @@ there, in order.
 
 ``env.workers`` applies to rollouts: :func:`eto_train.envs.make_env` returns a worker's
 environment only inside :func:`hosting` (which ``run_rollouts`` opens); listing tasks, gold
-paths and the other stages build their environment in the process as before.
+paths and the other stages build their environment in the process as before. Each worker builds
+its environments with :func:`eto_train.envs.registry.build` (this module imports the registry,
+never ``eto_train.envs`` itself: no cycle).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import wait as wait_ready
 from typing import Any, Callable, Iterator
 
+from . import registry
 from .base import Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
 from .faults import FaultConfig, FaultyEnv
 
@@ -559,9 +562,7 @@ def worker_count(cfg: dict[str, Any]) -> int:
 def _build_local(cfg: dict[str, Any]) -> Environment:
     """A worker's factory: the environment of ``cfg`` built in that process (faults are injected
     in the rollout's process, around the worker's environment)."""
-    from . import make_env
-
-    return make_env(cfg)
+    return registry.build(cfg)
 
 
 class _Hosting:

@@ -1,5 +1,8 @@
 """Next-token pretraining with the HF Trainer: packed blocks, loss on every token, probes.
 
+:class:`PretrainJob` is the training recipe's job for it (:mod:`eto_train.training.recipe`: resume,
+finite guard, kill points and the checked save are the recipe's, as for bc and dpo).
+
 Checkpoints (weights, optimizer, scheduler, RNG, ``trainer_state.json`` with the log history)
 every ``save_steps``; an interrupted run resumes from the last complete one
 (:func:`eto_train.training.resume.resume_checkpoint`) and ends with the same weights as an
@@ -15,10 +18,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..store import write_json
+from ..training.recipe import Job
 from .probes import LMScorer, Probe, run_probes
 
 PROBE = "probe/"
@@ -152,6 +157,38 @@ def describe(entry: dict[str, Any]) -> str:
                      f"among mentioned {entry[PROBE + 'object/in_room_mentioned']:.2f} "
                      f"(chance {entry[PROBE + 'object/chance_uniform_mentioned']:.2f})")
     return "; ".join(parts) or "no probes"
+
+
+@dataclass
+class PretrainJob(Job):
+    """Next-token pretraining of a fresh model (``built_model``, from ``pretrain.arch``; ``base`` is
+    the tokenizer's folder) on ``data`` = packed blocks (:class:`~.tokens.PackedBlocks`), with the
+    plain HF Trainer (every token's loss, no chat mask) and ``callbacks`` (:func:`make_callbacks`)
+    in place of its own progress printers. ``args``: :func:`training_args`."""
+
+    built_tokenizer: Any = None
+    built_model: Any = None
+    callbacks: list = field(default_factory=list)
+
+    def tokenizer(self):
+        return self.built_tokenizer
+
+    def policy(self):
+        return self.built_model
+
+    def dataset(self, tokenizer):
+        return self.data
+
+    def trainer(self, model, tokenizer, dataset, peft):
+        from transformers import Trainer, default_data_collator
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer = Trainer(model=model, args=self.args, train_dataset=dataset, data_collator=default_data_collator)
+        for default in (PrinterCallback, ProgressCallback):  # one progress line per log step instead (make_callbacks)
+            trainer.remove_callback(default)
+        for callback in self.callbacks:
+            trainer.add_callback(callback)
+        return trainer
 
 
 def training_args(out_dir: str, train: dict[str, Any], seed: int, report_to: str):

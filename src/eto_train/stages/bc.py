@@ -7,23 +7,23 @@ from pathlib import Path
 from rich.console import Console
 
 from .. import layout
+from ..config import typed
 from ..experts import read_experts
 from ..manifest import Stage
 from ..model.load import check_quantization, is_local
 from ..runtime import setup_runtime, to_plain
 from ..training import recipe
-from ..training.sft import sft_conversations
-from ..validate import check_config
+from ..training.sft import sft_arguments, sft_conversations
 
 # what the stage writes in its folder (a rerun of a finished bc replaces exactly these, when it has its own)
-OUTPUTS = [layout.POLICY, "checkpoints", "adapter"]
+OUTPUTS = list(layout.TRAINING_OUTPUTS)
 
 
 def run(cfg) -> dict | None:
     """Train BC if it is not done yet; returns its metrics (None when it was up to date)."""
-    check_config(cfg)
+    cfg = typed(cfg)
     console = Console(markup=False)
-    check_quantization(cfg.model.get("quantization"))  # before anything is written (the lock included)
+    check_quantization(cfg.model.quantization)  # before anything is written (the lock included)
     setup_runtime(cfg.runtime.train_threads)
     out = Path(cfg.paths.bc)
     inputs = {"experts": cfg.paths.experts}
@@ -36,11 +36,11 @@ def run(cfg) -> dict | None:
 
     def job() -> recipe.Job:  # check, then touch: the expert trajectories are read whole first
         convs = sft_conversations(read_experts(cfg.paths.experts, cfg.env.name), only_success=cfg.bc.only_success)
-        return recipe.Job("bc", "sft", cfg.model.path, convs, to_plain(cfg.bc), to_plain(cfg.model), cfg.seed,
-                          cfg.trust_remote_code)
+        args = sft_arguments(cfg.bc, layout.checkpoints(stage.work), cfg.seed)
+        return recipe.SFTJob("bc", cfg.model.path, convs, args, to_plain(cfg.model), cfg.trust_remote_code)
 
     def metrics(t: recipe.Trained) -> dict:
-        tokens, epochs = t.tokens_per_epoch(), t.result.metrics.get("epoch", cfg.bc.epochs)
+        tokens, epochs = t.tokens_per_epoch(), t.result.metrics.get("epoch", cfg.bc.num_train_epochs)
         return {"epochs": epochs, "trajectories": t.rows, "tokens_per_epoch": tokens,
                 "tokens_per_second": tokens * epochs / t.result.metrics["train_runtime"]}
 

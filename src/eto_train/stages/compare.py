@@ -12,15 +12,14 @@ p-value, in a table (JSON + markdown) and a PNG chart.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 from rich.table import Table
 
 from .. import layout, tracking
+from ..config import BCSection, DPOSection, typed
 from ..distributed import grad_accum, world_size
 from ..evaluation import comparison
 from ..manifest import Stage
@@ -30,43 +29,37 @@ from ..reporting import table_rows
 from ..runtime import setup_runtime, to_plain
 from ..store import write_atomic, write_json
 from ..training import recipe
-from ..validate import check_config
 from . import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
 
 
-def _with(cfg, **updates):
-    c = copy.deepcopy(cfg)
-    with open_dict(c):
-        for k, v in updates.items():
-            OmegaConf.update(c, k, v, merge=False)
-    return c
-
-
-def dpo_effective_batch(d: dict[str, Any]) -> int:
+def dpo_effective_batch(d: DPOSection) -> int:
     """Pairs per optimizer step of a DPO run with settings ``d``, over all processes."""
-    return int(d["batch_size"]) * grad_accum(d) * world_size()
+    return int(d["per_device_train_batch_size"]) * grad_accum(d) * world_size()
 
 
-def control_training(bc: dict[str, Any], d: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The SFT control's hyperparameters: as many optimizer steps (``steps``) of as many sequences
+def control_training(bc: BCSection, d: DPOSection, steps: int) -> dict[str, Any]:
+    """The SFT control's bc-style section: as many optimizer steps (``steps``) of as many sequences
     as the matched DPO (its effective batch in pairs: the control trains on one chosen side per
-    pair), with the DPO's schedule (lr, scheduler, warmup), sequence length, logging and checkpoint
-    cadence. Memory settings are BC's (the same kind of training): the per-device batch is the
-    largest one up to ``bc.batch_size`` that divides the DPO's batch per process, and gradient
-    accumulation makes up the rest.
+    pair), with the DPO's schedule (learning rate, scheduler, warmup), sequence length, logging and
+    checkpoint cadence. Memory settings are BC's (the same kind of training): the per-device batch
+    is the largest one up to ``bc.per_device_train_batch_size`` that divides the DPO's batch per
+    process, and gradient accumulation makes up the rest.
     """
     eb = dpo_effective_batch(d)
     per_process = eb // world_size()
-    micro = max(b for b in range(1, min(int(bc["batch_size"]), per_process) + 1) if per_process % b == 0)
-    return {**{k: bc[k] for k in ("weight_decay", "bf16", "gradient_checkpointing", "use_cpu")},
-            **{k: d[k] for k in ("lr", "scheduler", "warmup_ratio", "max_length", "epochs", "logging_steps",
-                                 "save_strategy", "save_steps", "save_total_limit")},
-            "batch_size": micro, "grad_accum": per_process // micro, "effective_batch": eb, "max_steps": steps}
+    micro = max(b for b in range(1, min(int(bc["per_device_train_batch_size"]), per_process) + 1)
+                if per_process % b == 0)
+    return {**{k: bc[k] for k in ("weight_decay", "bf16", "activation_checkpointing", "use_cpu")},
+            **{k: d[k] for k in ("learning_rate", "lr_scheduler_type", "warmup_steps", "max_length",
+                                 "num_train_epochs", "logging_steps", "save_strategy", "save_steps",
+                                 "save_total_limit")},
+            "per_device_train_batch_size": micro, "gradient_accumulation_steps": per_process // micro,
+            "effective_batch": eb, "max_steps": steps}
 
 
-def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.Trained, variant_dir: Path,
+def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResult, variant_dir: Path,
                 out: Path) -> str:
     """Continue ``policy_path`` with SFT on the chosen sides of one variant's ``vpairs`` for as many
     optimizer steps and examples as that variant's DPO (``variant``, in ``variant_dir``) took.
@@ -75,34 +68,40 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.Trained,
     ``model.lora`` / ``model.quantization`` as configured, a killed run resumes from its last
     checkpoint, and the policy is saved as one plain merged checkpoint.
     """
+    cfg = typed(cfg)
     console = Console(markup=False)
-    check_quantization(cfg.model.get("quantization"))  # before anything is written (the lock included)
+    check_quantization(cfg.model.quantization)  # before anything is written (the lock included)
     setup_runtime(cfg.runtime.train_threads)
-    d, steps = variant.hyperparameters, int(variant.metrics["optimizer_steps"])
-    train = control_training(to_plain(cfg.bc), d, steps)
+    steps = int(variant.metrics["optimizer_steps"])
+    train = control_training(cfg.bc, variant.section, steps)
     chosen = [p.prompt + p.chosen for p in vpairs]
     stage = Stage("compare/control", out, {"model": to_plain(cfg.model), "train": train, "seed": cfg.seed,
                                            "control_of": variant_dir.name, "conversations": len(chosen)},
                   inputs={"policy": policy_path, "pairs": layout.pairs_file(variant_dir)},
-                  outputs=[layout.POLICY, "checkpoints", "adapter"])
+                  outputs=list(layout.TRAINING_OUTPUTS))
     if stage.done():
         return str(layout.policy(out))
     eb = train["effective_batch"]
 
     def metrics(t: recipe.Trained) -> dict:
-        m = {"effective_batch": t.effective_batch, "examples": t.examples, "per_device_batch": train["batch_size"],
+        m = {"effective_batch": t.effective_batch, "examples": t.examples,
+             "per_device_batch": t.trainer.args.per_device_train_batch_size,
              "grad_accum": t.trainer.args.gradient_accumulation_steps, "control_of": variant_dir.name,
              "dpo_optimizer_steps": steps, "dpo_effective_batch": eb, "dpo_examples": eb * steps,
-             "conversations": t.rows, "lora": bool(cfg.model.get("lora")),
+             "conversations": t.rows, "lora": bool(cfg.model.lora),
              "trainable_parameters": t.trainable_parameters}
         if (t.optimizer_steps, t.examples) != (steps, eb * steps):
             console.print(f"[{stage.name}] WARNING: {t.optimizer_steps} steps of {t.effective_batch} "
                           f"examples, but the {variant_dir.name} DPO took {steps} steps of {eb}")
         return m
 
-    trained = recipe.run_stage(stage, lambda: recipe.Job(stage.name, "sft", policy_path, chosen, train,
-                                                         to_plain(cfg.model), cfg.seed, cfg.trust_remote_code),
-                               metrics, console)
+    def job() -> recipe.Job:
+        from ..training.sft import sft_arguments
+
+        args = sft_arguments(BCSection.model_validate(train), layout.checkpoints(stage.work), cfg.seed)
+        return recipe.SFTJob(stage.name, policy_path, chosen, args, to_plain(cfg.model), cfg.trust_remote_code)
+
+    trained = recipe.run_stage(stage, job, metrics, console)
     if trained.metrics:
         console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {len(chosen)} chosen sides: "
                       f"{trained.optimizer_steps} steps x {trained.effective_batch} examples "
@@ -111,20 +110,17 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.Trained,
 
 
 def run(cfg) -> dict[str, Any]:
-    check_config(cfg)
+    cfg = typed(cfg)  # compare.control_of among compare.variants: the schema's rule
     console = Console(width=120, markup=False)
     cc = cfg.compare
     control_of = cc.control_of
-    if cc.control and control_of not in cc.variants:
-        raise ValueError(f"compare.control_of={control_of!r} is not one of compare.variants={list(cc.variants)}: "
-                         "the control matches that variant's chosen side and optimizer steps")
     prepare_bc(cfg)
     runs = layout.RunLayout.of(cfg)
     bc_policy, out = str(runs.bc_policy), runs.compare
 
     # -- one shared exploration (with step continuations when a variant needs them) ------------
     needs_step = any(v in ("step", "mixture") for v in cc.variants)
-    shared = _with(cfg, **{"eto.pairs.contrast": "mixture" if needs_step else "trajectory"})
+    shared = cfg.with_values({"eto.pairs.contrast": "mixture" if needs_step else "trajectory"})
     explored, continuations = explore.run(shared, 1, bc_policy, out)
 
     # -- one DPO run per variant, all from BC --------------------------------------------------
@@ -132,7 +128,7 @@ def run(cfg) -> dict[str, Any]:
     steps: dict[str, int] = {}
     control_pairs: list[Pair] = []
     for v in cc.variants:
-        vcfg = _with(cfg, **{"eto.pairs.contrast": v})
+        vcfg = cfg.with_values({"eto.pairs.contrast": v})
         vpairs = pairs.run(vcfg, 1, explored, continuations if v != "trajectory" else [], out / v)
         trained = dpo.run(vcfg, 1, bc_policy, vpairs, out / v)
         policies[v], steps[v] = trained.policy, trained.metrics["optimizer_steps"]
@@ -140,23 +136,24 @@ def run(cfg) -> dict[str, Any]:
             control_pairs, control_variant = vpairs, trained
     if cc.control and control_pairs:
         policies["control"] = sft_control(cfg, bc_policy, control_pairs, control_variant, out / control_of,
-                                          out / "control")
+                                          out / layout.CONTROL)
 
     # -- the same held-out seeds for every policy ------------------------------------------------
     splits = list(cc.splits)
     results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "control_of": control_of, "splits": {}}
-    evals = {n: runs.evaluation("bc") if n == "bc" else out / "eval" / n for n in policies}
+    evals = {n: runs.evaluation("bc") if n == "bc" else layout.evaluations(out) / n for n in policies}
     for name, path in policies.items():  # BC's evaluation is shared with `make eto` (done once)
         evaluate_policy(cfg, path, "bc" if name == "bc" else f"compare-{name}", splits, evals[name])
     for split in splits:
         results["splits"][split] = comparison({n: layout.episodes(evals[n], split) for n in policies},
                                               cc.bootstrap, cfg.seed)
-    write_json(out / "compare.json", results)
+    write_json(layout.compare_file(out, ".json"), results)
     tracking.record("compare", to_plain(cc), {s: {n: {"success_rate": r["success"], **({"vs_bc": r["vs_bc"]["diff"]}
                                                      if r.get("vs_bc") else {})} for n, r in rows.items()}
                                               for s, rows in results["splits"].items()}, out)
-    write_atomic(out / "compare.md", markdown(results))
-    chart(results, out / "compare.png")
+    md, png = layout.compare_file(out, ".md"), layout.compare_file(out, ".png")
+    write_atomic(md, markdown(results))
+    chart(results, png)
 
     t = Table(title="contrast variants vs BC and the control (paired on the same seeds)")
     for col in ("split", "game", "policy", "n", "success [95% CI]", "vs BC [95% CI]", "p", "vs control [95% CI]", "p"):
@@ -164,7 +161,7 @@ def run(cfg) -> dict[str, Any]:
     for cells in table_rows(results["splits"]):
         t.add_row(*cells)
     console.print(t)
-    console.print(f"-> {out / 'compare.md'}, {out / 'compare.png'}")
+    console.print(f"-> {md}, {png}")
     return results
 
 

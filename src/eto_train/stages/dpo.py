@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import layout
+from ..config import DPOSection, typed
 from ..distributed import world_size
 from ..manifest import Stage
 from ..model.load import policy_ref
@@ -17,16 +18,7 @@ from ..runtime import config_hash, setup_runtime, to_plain
 from ..training import recipe
 
 # what the stage writes in its folder (a rerun of a finished DPO replaces exactly these, when it has its own)
-OUTPUTS = [layout.POLICY, "checkpoints", "adapter", "pairs_dataset"]
-
-
-def hyperparameters(cfg, iteration: int) -> dict:
-    """This iteration's DPO settings: iteration 1 uses dpo.beta/lr, later ones dpo.later."""
-    d = to_plain(cfg.eto.dpo)
-    later = d.pop("later") or {}
-    if iteration > 1:
-        d.update(later)
-    return d
+OUTPUTS = [*layout.TRAINING_OUTPUTS, layout.PAIRS_DATASET]
 
 
 def last_dpo_log(log_history: list[dict]) -> dict:
@@ -45,21 +37,25 @@ def last_dpo_log(log_history: list[dict]) -> dict:
 
 
 @dataclass
-class Trained:
-    """A DPO stage's result: the new policy's folder, the settings it trained with, its metrics."""
+class DPOResult:
+    """A DPO stage's result: the new policy's folder, the ``eto.dpo`` settings it trained with
+    (``later`` applied), its metrics."""
 
     policy: str
-    hyperparameters: dict[str, Any]
+    section: DPOSection
     metrics: dict[str, Any]
 
 
-def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> Trained:
-    """Train from ``policy_path`` (also the frozen reference) in ``out``/dpo."""
+def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> DPOResult:
+    """Train from ``policy_path`` (also the frozen reference) in ``out``/dpo, with ``eto.dpo``'s
+    settings; from iteration 2 on, ``eto.dpo.later``'s (beta, learning_rate) replace its own."""
+    cfg = typed(cfg)
     console = Console(markup=False)
     setup_runtime(cfg.runtime.train_threads)
-    d = hyperparameters(cfg, iteration)
+    section = cfg.eto.dpo.at(iteration)
+    d = {k: v for k, v in section.plain().items() if k != "later"}  # what this iteration trains with
     stage_dir = layout.dpo_dir(out)
-    result = Trained(str(layout.policy(stage_dir)), d, {})
+    result = DPOResult(str(layout.policy(stage_dir)), section, {})
     stage = Stage(f"dpo/iter{iteration}", stage_dir, {"dpo": d, "seed": cfg.seed},
                   inputs={"policy": policy_path, "pairs": layout.pairs_file(out)}, outputs=OUTPUTS)
     if stage.done():
@@ -75,12 +71,14 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
 
     def job() -> recipe.Job:  # check, then touch: pairs and their explorer before anything is written
         if not pairs:
-            raise ValueError(f"iteration {iteration}: no pairs to train on (see {out / 'pairs' / 'stats.json'})")
+            raise ValueError(f"iteration {iteration}: no pairs to train on (see {layout.pairs_stats(out)})")
         # pairs explored by another policy than this reference would make the DPO objective wrong
         check_pairs_policy(pairs, policy_ref(policy_path).id, source=str(layout.pairs_file(out)))
         rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
-        return recipe.Job(stage.name, "dpo", policy_path, rows, d, to_plain(cfg.model), cfg.seed,
-                          cfg.trust_remote_code)
+        from ..training.dpo import dpo_arguments  # TRL: imported when a DPO trains
+
+        args = dpo_arguments(section, layout.checkpoints(stage.work), cfg.seed)
+        return recipe.DPOJob(stage.name, policy_path, rows, args, to_plain(cfg.model), cfg.trust_remote_code)
 
     def metrics(t: recipe.Trained) -> dict:
         logs = t.loss_logs()

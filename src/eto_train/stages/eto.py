@@ -30,14 +30,11 @@ from .. import layout, tracking
 from ..distributed import is_main
 from ..envs import check_playable, make_env
 from ..evaluation import comparison
-from ..runtime import to_plain
+from ..config import METRICS, typed
 from ..store import write_json
-from ..validate import check_config
 from . import bc, dpo, experts, explore, model, pairs
 from .evaluate import evaluate_policy
 
-METRICS = ("success_rate", "mean_score")  # env.metric: the dev figure that selects and stops
-TEST_NAMES = ("seen", "unseen")  # with test*: the project's test splits, never a dev split
 
 
 @dataclass(frozen=True)
@@ -55,38 +52,18 @@ class Selection:
                 "min_improvement": self.min_improvement, "rule": rule}
 
 
-def _is_test_name(split: str) -> bool:
-    return split in TEST_NAMES or split.startswith("test")
-
-
-def check_selection(cfg, loop: bool = True) -> Selection:
-    """The selection settings, checked; errors name the key. ``loop``: for `make eto` (early
-    stopping needs a dev split); `make eto-iter` selects nothing and only checks a dev split it is given."""
-    metric = cfg.env.get("metric", "success_rate")
-    if metric not in METRICS:
-        raise ValueError(f"env.metric={metric!r}: the dev figure for model selection must be one of {list(METRICS)}")
-    early = cfg.eto.get("early_stopping", True)
-    if not isinstance(early, bool):
-        raise ValueError(f"eto.early_stopping={early!r}: expected true or false")
-    dev = cfg.eto.get("dev_split")
-    sel = Selection(dev, metric, early, float(cfg.eto.get("min_improvement", 0.0)))
+def check_selection(cfg) -> Selection:
+    """The selection settings, with the checks that need the environment's tasks: the dev split
+    exists, has tasks and shares none with training or test (the config schema checked the rest:
+    env.metric, eto.dev_split against the test and training split names, early stopping without
+    a dev split)."""
+    cfg = typed(cfg)
+    e = cfg.eto
+    sel = Selection(e.dev_split, cfg.env.metric, e.early_stopping, e.min_improvement)
+    dev, train_split, test_splits = e.dev_split, e.explore.split, list(cfg.eval.splits)
     if dev is None:
-        if loop and early:
-            raise ValueError("eto.dev_split is null but eto.early_stopping is true: early stopping selects on a dev "
-                             "split (set eto.dev_split=dev with env.dev_holdout > 0, or eto.early_stopping=false)")
         return sel
-    test_splits = [str(s) for s in cfg.eval.splits]
-    if dev in test_splits:
-        raise ValueError(f"eto.dev_split={dev!r} is one of eval.splits={test_splits}: model selection must not "
-                         f"look at a test split (use a dev split held out of training, env.dev_holdout)")
-    if _is_test_name(dev):
-        raise ValueError(f"eto.dev_split={dev!r} names a test split (seen, unseen, test*): model selection must "
-                         f"not look at a test split (use a dev split held out of training, env.dev_holdout)")
-    train_split = cfg.eto.explore.split
-    if dev == train_split:
-        raise ValueError(f"eto.dev_split={dev!r} is the split ETO explores (eto.explore.split): a dev split must be "
-                         f"held out of training")
-    env = make_env(to_plain(cfg.env))
+    env = make_env(cfg.env.plain())
     try:
         try:
             dev_tasks = env.tasks(dev)
@@ -123,7 +100,7 @@ def _finished(stage_dir: Path) -> bool:
     """The stage in ``stage_dir`` finished (its manifest says done); a damaged manifest is not
     (the stage's own rerun names it, manifest.DamagedManifest)."""
     try:
-        m = json.loads((stage_dir / "manifest.json").read_text(encoding="utf-8"))
+        m = json.loads(layout.manifest(stage_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(m, dict) and m.get("status") == "done"
@@ -148,15 +125,15 @@ def run_next_iteration(cfg) -> dict[str, Any] | None:
 
 def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = None) -> dict[str, Any]:
     """One iteration from ``policy_path``; its policy is evaluated on the dev split, if one is set."""
-    check_config(cfg)
-    sel = selection or check_selection(cfg, loop=False)
+    cfg = typed(cfg)
+    sel = selection or check_selection(cfg)
     out = layout.RunLayout.of(cfg).iteration(k)
     explored, continuations = explore.run(cfg, k, policy_path, out)
     pair_list = pairs.run(cfg, k, explored, continuations, out)
     new_policy = dpo.run(cfg, k, policy_path, pair_list, out).policy
     dev = None
     if sel.dev_split is not None:
-        dev = evaluate_policy(cfg, new_policy, f"iter{k}", [sel.dev_split], out / "eval")[sel.dev_split]["overall"]
+        dev = evaluate_policy(cfg, new_policy, f"iter{k}", [sel.dev_split], layout.evaluations(out))[sel.dev_split]["overall"]
     summary = {"iteration": k, "policy": new_policy, "started_from": policy_path,
                "explore_success": sum(e.success for e in explored) / max(1, len(explored)),
                "pairs": len(pair_list), "dev_split": sel.dev_split, "dev": dev}
@@ -192,11 +169,11 @@ def _fmt(metric: str, value: float) -> str:
 
 
 def run(cfg) -> dict[str, Any]:
-    check_config(cfg)
+    cfg = typed(cfg)
     console = Console(markup=False)
     sel = check_selection(cfg)  # before any work: a bad selection setting must not cost a BC run
     metric, dev_split = sel.metric, sel.dev_split
-    check_playable(to_plain(cfg.env))  # e.g. WebShop not installed: say so before BC, not after it
+    check_playable(cfg.env.plain())  # e.g. WebShop not installed: say so before BC, not after it
     prepare_bc(cfg)
     runs = layout.RunLayout.of(cfg)
     bc_policy = str(runs.bc_policy)

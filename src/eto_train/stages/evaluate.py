@@ -15,17 +15,19 @@ from .. import layout
 from ..errors import remove_empty_tree
 from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
+from ..config import typed
 from ..rollouts.play import Rollouts
-from ..runtime import setup_runtime, to_plain
+from ..runtime import setup_runtime
 from ..store import write_json_if_changed
-from ..validate import check_config
 
 
 def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
     """Play ``splits`` with the policy at ``policy_path``; results under ``out_root/<split>``.
 
     A failed start (a checkpoint refused, e.g. NaN weights) leaves no empty ``out_root``: the
-    split's lock, taken before the checkpoint is checked, was its only content."""
+    split's lock, taken before the checkpoint is checked, was its only content. The policy plays
+    with ``rollout.*`` merged with ``eval.rollout`` (evaluation's own settings)."""
+    cfg = typed(cfg)
     existed = out_root.exists()
     try:
         return _evaluate_policy(cfg, policy_path, tag, splits, out_root)
@@ -38,8 +40,7 @@ def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> 
 def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
     setup_runtime(cfg.runtime.rollout_threads)
     ref = policy_ref(policy_path, name=tag)
-    rollouts = Rollouts(cfg, policy_path, ref, sampling=to_plain(cfg.eval.generation),
-                        batch_size=cfg.eval.batch_size)
+    rollouts = Rollouts(cfg, policy_path, ref, cfg.rollout.merged(cfg.eval.rollout))
     results = {}
     for split in splits:
         out = out_root / split
@@ -55,7 +56,7 @@ def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) ->
 
 
 def run(cfg) -> None:
-    check_config(cfg)
+    cfg = typed(cfg)
     ev = cfg.eval
     results = evaluate_policy(cfg, ev.policy, ev.tag, list(ev.splits), layout.RunLayout.of(cfg).evaluation(ev.tag))
     policy_id = next(iter(results.values()))["policy"] if results else ev.policy

@@ -13,20 +13,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from ..config import typed
 from ..envs import make_env
 from ..eto_format import import_experts
 from ..experts import expert_episode
 from ..manifest import Stage
 from ..prompting import PromptConfig
-from ..runtime import to_plain
 from ..store import write_jsonl
-from ..validate import check_config
 
 
 def run(cfg) -> None:
-    check_config(cfg)
+    cfg = typed(cfg)
     console = Console(markup=False)
-    env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
+    env_cfg, prompt = cfg.env.plain(), PromptConfig(**cfg.prompt.plain())
     source = str(cfg.experts.source)
     out = Path(cfg.paths.experts)
     # Only what shapes the expert data: adding a held-out split does not redo it.
@@ -34,7 +33,7 @@ def run(cfg) -> None:
     scope = {k: env_cfg[k] for k in env_cfg if k not in ("splits", "faults", "metric", "workers")
              and not (k == "dev_holdout" and not env_cfg[k])} | {"train_split": env_cfg["splits"]["train"]}
     if source == "gold":
-        stage = Stage("experts", out.parent, {"env": scope, "prompt": to_plain(cfg.prompt), "source": source},
+        stage = Stage("experts", out.parent, {"env": scope, "prompt": cfg.prompt.plain(), "source": source},
                       outputs=[out.name])
     else:
         if not Path(source).is_file():

@@ -10,12 +10,13 @@ import random
 from pathlib import Path
 
 from .. import layout
+from ..config import typed
 from ..experts import read_experts, usable
 from ..model.load import policy_ref
 from ..records import Episode
 from ..rollouts.loop import WorkItem
 from ..rollouts.play import Rollouts
-from ..runtime import setup_runtime, to_plain
+from ..runtime import setup_runtime
 
 
 def explore_tasks(rollouts: Rollouts, split: str, per_game: int | None):
@@ -38,19 +39,18 @@ def step_positions(expert: Episode, how: str, samples: int, rng: random.Random) 
 
 
 def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode], list[Episode]]:
-    """(episodes of the policy on the training tasks, continuations from expert prefixes)."""
+    """(episodes of the policy on the training tasks, continuations from expert prefixes), played
+    with ``rollout.*`` merged with ``eto.explore.rollout`` (exploration's own settings)."""
+    cfg = typed(cfg)
     setup_runtime(cfg.runtime.rollout_threads)
     ex = cfg.eto.explore
-    sampling = {"max_new_tokens": cfg.eval.generation.max_new_tokens, "do_sample": ex.do_sample,
-                "temperature": ex.temperature, "top_p": ex.top_p}
     ref = policy_ref(policy_path, name=f"iter{iteration - 1}" if iteration > 1 else "bc")
-    rollouts = Rollouts(cfg, policy_path, ref, sampling=sampling, batch_size=ex.batch_size,
-                        batch_key="eto.explore.batch_size")
+    rollouts = Rollouts(cfg, policy_path, ref, cfg.rollout.merged(ex.rollout))
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
     work = [WorkItem(t, s) for t in tasks for s in range(ex.samples)]
     share = layout.RunLayout.of(cfg).cache("explore")  # sweep jobs exploring the same policy share it
     episodes = rollouts.play(f"explore/iter{iteration}", layout.explore_dir(out), work,
-                             extra_config={"explore": to_plain(ex)}, share=share)
+                             extra_config={"explore": ex.plain()}, share=share)
     continuations: list[Episode] = []
     pc = cfg.eto.pairs
     if pc.contrast in ("step", "mixture") and pc.step_positions != "first_divergence":
@@ -63,8 +63,8 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                        for tid, e in sorted(experts.items())
                        for t in step_positions(e, pc.step_positions, pc.step_samples, rng)
                        if t < e.env_params.get("max_steps", t + 1)]  # gold paths may exceed the limit
-        continuations = rollouts.play(f"explore-step/iter{iteration}", out / "explore_step", prefix_work,
-                                      extra_config={"explore": to_plain(ex), "positions": pc.step_positions},
+        continuations = rollouts.play(f"explore-step/iter{iteration}", layout.explore_step_dir(out), prefix_work,
+                                      extra_config={"explore": ex.plain(), "positions": pc.step_positions},
                                       share=share)
     rollouts.close()  # DPO comes next: free the GPU the engine held
     return episodes, continuations

@@ -8,20 +8,19 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..config import Pairs, typed
 from ..experts import read_experts, usable
 from ..pairs import Pair, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
 from ..records import NOT_POLICY_FAULT, Episode
 from .. import layout, tracking
 from ..distributed import is_main
-from ..runtime import to_plain
 from ..store import write_json, write_jsonl
 
 
-def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
+def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
                 continuations: list[Episode], seed: int) -> tuple[list[Pair], dict]:
-    pc = cfg.eto.pairs
-    # the expert's reward as the comparisons see it (eto.pairs.expert_reward; absent: "file", as before)
-    rule = pc.get("expert_reward", "file") or "file"
+    """(pairs, stats) under the ``eto.pairs`` settings ``pc``."""
+    rule = pc.expert_reward  # the expert's reward as the comparisons see it
     paired = {tid: for_pairing(e, rule) for tid, e in experts.items()}
     raised = sorted(tid for tid in paired if paired[tid] is not experts[tid])  # file reward < 1 read as 1.0
     experts = paired
@@ -64,12 +63,13 @@ def build_pairs(cfg, experts: dict[str, Episode], explored: list[Episode],
 
 
 def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:
+    cfg = typed(cfg)
     console = Console(markup=False)
     experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name) if usable(e)}
-    pairs, stats = build_pairs(cfg, experts, explored, continuations, cfg.seed + iteration)
-    stats["config"] = to_plain(cfg.eto.pairs)
+    pairs, stats = build_pairs(cfg.eto.pairs, experts, explored, continuations, cfg.seed + iteration)
+    stats["config"] = cfg.eto.pairs.plain()
     write_jsonl(layout.pairs_file(out), (p.to_dict() for p in pairs))
-    write_json(layout.pairs_file(out).with_name("stats.json"), stats)
+    write_json(layout.pairs_stats(out), stats)
     if is_main():
         tracking.record(f"pairs/iter{iteration}", stats["config"], stats, layout.pairs_file(out).parent)
     console.print(f"[pairs] iteration {iteration}: {stats['pairs']} pairs {stats['by_kind']} "

@@ -12,34 +12,49 @@ their locks, manifest.Stage.done), and a result that differs from the one kept g
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ..config import typed
 from ..envs import make_env
 from ..reading import first_move_test, first_take_test, right_answers
-from ..runtime import to_plain
 from .. import layout
 from ..store import read_episodes, write_json_if_changed
-from ..validate import check_config
 from .evaluate import evaluate_policy
 from .report import writable_place
 
 
-def run(cfg, policies: dict[str, str] | None = None) -> dict[str, Any]:
-    """``policies`` (tag -> checkpoint) replaces ``reading.policies`` (the demo passes BC and its best
-    ETO iteration). BC's episodes are BC's evaluation (``paths.bc_eval``), the others' ``eval/<tag>``."""
-    check_config(cfg)
+def policies_of(cfg) -> dict[str, str]:
+    """``reading.policies``: tag -> checkpoint. A value naming an ETO loop's ``result.json``
+    (``eto_best: ${paths.eto}/result.json``, as scripts/demo.sh passes) stands for the policy that
+    loop kept, and its tag is left out when the loop kept BC (no iteration beat it on dev)."""
+    out = {}
+    for tag, path in cfg.reading.policies.items():
+        if (p := Path(str(path))).name == layout.RESULT and p.is_file():
+            result = json.loads(p.read_text())
+            if not result.get("best_iteration"):
+                continue
+            path = result["best_policy"]
+        out[tag] = str(path)
+    return out
+
+
+def run(cfg) -> dict[str, Any]:
+    """Each policy of :func:`policies_of` on ``reading.split``. BC's episodes are BC's evaluation
+    (``paths.bc_eval``), the others' ``eval/<tag>``."""
+    cfg = typed(cfg)
     r = cfg.reading
-    env = make_env(to_plain(cfg.env))
+    env = make_env(cfg.env.plain())
     try:
         tasks = env.tasks(r.split)
         gold_move, takeable = right_answers(env, tasks)
     finally:
         env.close()
     runs, results = layout.RunLayout.of(cfg), {}
-    for tag, path in (policies or to_plain(r.policies)).items():
+    for tag, path in policies_of(cfg).items():
         root = runs.evaluation(tag)
         evaluate_policy(cfg, str(path), tag, [r.split], root)
         eps = read_episodes(layout.episodes(root, r.split))
@@ -52,9 +67,9 @@ def run(cfg, policies: dict[str, str] | None = None) -> dict[str, Any]:
                         if by_game("mapreader") else None,
                         "first_take": first_take_test(by_game("twc"), takeable, **kw) if by_game("twc") else None}
     report = {"split": r.split, "alpha": r.alpha, "policies": results}
-    out = runs.run / "reading" / f"{r.split}.json"
+    out = runs.reading(r.split)
     if not _holds(out, report):
-        write_json_if_changed(writable_place(cfg, out.parent, "reading") / out.name, report)
+        write_json_if_changed(writable_place(cfg, out.parent, layout.READING) / out.name, report)
     Console(width=140, markup=False).print(table(report))
     return report
 

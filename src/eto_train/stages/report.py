@@ -11,31 +11,32 @@ included: its files then go to ``$TMPDIR/eto-train-report/<run_name>/`` (:func:`
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+import yaml
 
+from ..config import typed
 from ..errors import writable
 from ..evaluation import comparison
 from ..reporting import env_failures, fault_accounts, iteration_plot, pct, table_rows
 from .. import layout
 from ..runtime import versions
 from ..store import write_atomic, write_json
-from ..validate import check_config
 
 
 def build(cfg) -> dict[str, Any]:
     runs = layout.RunLayout.of(cfg)
     eto = json.loads(runs.eto_result.read_text())
     cmp_dir = runs.compare
-    cmp = json.loads((cmp_dir / "compare.json").read_text())
+    cmp = json.loads(layout.compare_file(cmp_dir, ".json").read_text())
     n_boot, seed = cfg.compare.bootstrap, cfg.seed
     # Every policy evaluated on the same test seeds: BC, control and variants by compare, the
     # best ETO iteration by eto (its test evaluation).
-    evals = {name: cmp_dir / "eval" / name for name in cmp["policies"]}
+    evals = {name: layout.evaluations(cmp_dir) / name for name in cmp["policies"]}
     evals["bc"] = runs.evaluation("bc")
     evals[f"eto best (iteration {eto['best_iteration']})"] = Path(eto.get("best_eval", runs.evaluation("eto_best")))
     rows: dict[str, dict[str, Any]] = {}
@@ -55,7 +56,7 @@ def build(cfg) -> dict[str, Any]:
                     "beats_control": "vs_control" in x and x["vs_control"]["diff_ci95"][0] > 0}
 
         verdict = {"split": headline, **beats(r), "per_game": {g: beats(x) for g, x in r["per_game"].items()}}
-    reading = runs.run / "reading" / f"{cfg.reading.split}.json"
+    reading = runs.reading(cfg.reading.split)
     return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
             "splits": rows, "verdict": verdict, "reading": json.loads(reading.read_text()) if reading.exists() else None,
             "faults": fault_accounts(runs.run)}
@@ -91,7 +92,7 @@ def writable_place(cfg, folder: Path, what: str) -> Path:
     return where
 
 
-def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str = "compare/compare.png") -> str:
+def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
     eto, dev = rep["eto"], cfg.eto.dev_split
     out = [f"# ETO demo report: run `{cfg.run_name}`", "",
            f"Environment `{cfg.env.name}` ({', '.join(g['name'] for g in cfg.env.games)}), model `{cfg.model.name}`, "
@@ -130,7 +131,7 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str = "compa
     out += reading_section(rep.get("reading"))
     out += ["", "## Environment faults", "",
             "Every failed environment call an episode met: recovered (the episode was rebuilt on a fresh instance "
-            "by replaying its actions, and went on) or, after `eval.env_retries` retries of one call, ended as "
+            "by replaying its actions, and went on) or, after `rollout.env_retries` retries of one call, ended as "
             "`environment_failure`, which is never scored and never paired. `injected` is the fault injector's "
             "count from the stage's manifest (`env.faults`; `-` when off or the stage was reused).", "",
             "| stage | episodes | injected | env errors met | episodes recovered | environment failures |",
@@ -138,23 +139,24 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str = "compa
     for f in rep.get("faults", []):
         out.append(f"| {f['stage']} | {f['episodes']} | {'-' if f['injected'] is None else f['injected']} | "
                    f"{f['errors']} | {f['recovered']} | {f['environment_failures']} |")
-    out += ["", "## Configuration", "", "```yaml", OmegaConf.to_yaml(cfg, resolve=True).strip(), "```", "",
+    out += ["", "## Configuration", "", "```yaml", yaml.safe_dump(cfg.plain(), sort_keys=False).strip(), "```", "",
             "## Versions", "", "```json", json.dumps(versions(), indent=1, sort_keys=True), "```", ""]
     return "\n".join(out)
 
 
 def run(cfg) -> Path:
-    check_config(cfg)
+    cfg = typed(cfg)
     if cfg.eto.dev_split is None:
         raise ValueError("make report: the report plots every iteration on the dev split, and this run has none "
                          "(eto.dev_split: null, the paper's profile: no selection); evaluate iterations with make eval")
     run_dir = Path(cfg.paths.run)
     rep = build(cfg)
-    out = writable_place(cfg, run_dir, "report")  # the run folder, unless it is read-only
+    out = writable_place(cfg, run_dir, layout.REPORT)  # the run folder, unless it is read-only
     out.mkdir(parents=True, exist_ok=True)
-    iteration_plot(rep["eto"]["history"], out / "success_vs_iteration.png", cfg.eto.dev_split)
-    write_json(out / "report.json", rep)
-    path = out / "report.md"
-    compare_png = "compare/compare.png" if out == run_dir else str(run_dir / "compare" / "compare.png")
-    write_atomic(path, markdown(cfg, rep, "success_vs_iteration.png", compare_png))
+    iteration_plot(rep["eto"]["history"], out / layout.ITERATION_PLOT, cfg.eto.dev_split)
+    write_json(out / f"{layout.REPORT}.json", rep)
+    path = out / f"{layout.REPORT}.md"
+    png = layout.compare_file(Path(cfg.paths.compare), ".png")  # linked relative to the run folder's report
+    compare_png = os.path.relpath(png, out) if out == run_dir else str(png)
+    write_atomic(path, markdown(cfg, rep, layout.ITERATION_PLOT, compare_png))
     return path

@@ -10,12 +10,14 @@ every loss type, the optional SFT term) then sees action tokens only.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from trl import DPOConfig, DPOTrainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
+from ..config import DPOSection
 from .masks import assistant_token_mask
 
 MASK_COLUMNS = ("chosen_action_mask", "rejected_action_mask")
@@ -69,20 +71,25 @@ class ActionMaskedDPOTrainer(DPOTrainer):
         self._signature_columns = list(self._signature_columns) + list(MASK_COLUMNS)
 
 
-def dpo_config(out_dir: str, d: dict[str, Any], seed: int, report_to: str) -> DPOConfig:
-    return DPOConfig(
-        output_dir=out_dir, beta=d["beta"], loss_type=list(d["loss_type"]),
-        loss_weights=list(d["loss_weights"]) if d.get("loss_weights") else None,
-        learning_rate=d["lr"], num_train_epochs=d["epochs"], max_steps=d.get("max_steps") or -1,
-        per_device_train_batch_size=d["batch_size"], gradient_accumulation_steps=d["grad_accum"],
-        lr_scheduler_type=d["scheduler"], warmup_steps=d["warmup_ratio"], max_length=d["max_length"],
-        precompute_ref_log_probs=d["precompute_ref_log_probs"],
-        logging_steps=d["logging_steps"], logging_nan_inf_filter=False,  # NaN/Inf logged as is: stops training
-        save_strategy=d["save_strategy"], save_steps=d.get("save_steps") or 500,
-        save_total_limit=d["save_total_limit"], bf16=d["bf16"], use_cpu=d["use_cpu"],
-        activation_checkpointing=d["gradient_checkpointing"], seed=seed, data_seed=seed, report_to=report_to,
-        disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False,
-        **(d.get("trainer") or {}))  # any other DPOConfig argument, under TRL's name
+# What the recipe sets itself, whatever a section says (besides output_dir, seed, data_seed and report_to)
+FIXED = {
+    "logging_nan_inf_filter": False,  # NaN/Inf logged as is: stops training (save.finite_guard)
+    "disable_tqdm": True,             # rich progress instead
+    "dataloader_num_workers": 0,
+    "remove_unused_columns": False,   # the action masks ride along (ActionMaskedDPOTrainer)
+}
+
+
+def dpo_arguments(section: DPOSection, out_dir: str | Path, seed: int) -> DPOConfig:
+    """TRL's ``DPOConfig`` of one iteration's ``eto.dpo`` ``section`` (``cfg.eto.dpo.at(iteration)``),
+    whose keys are DPOConfig's own but eto-train's (``DPOSection.trl_arguments``), with the
+    accumulation that reaches ``effective_batch`` on this many processes; checkpoints go to
+    ``out_dir``."""
+    from .. import tracking
+    from ..distributed import grad_accum
+
+    return DPOConfig(**{**section.trl_arguments(), "gradient_accumulation_steps": grad_accum(section)}, **FIXED,
+                     output_dir=str(out_dir), seed=seed, data_seed=seed, report_to=tracking.report_to())
 
 
 def fsdp_reference(base: str, model_cfg: dict[str, Any], trust_remote_code: bool = False):

@@ -1,4 +1,4 @@
-"""The one training recipe of every stage that fine-tunes a policy: bc, dpo and the SFT control.
+"""The one training recipe of every stage that trains a model: bc, dpo, the SFT control and pretrain.
 
 torchtune's recipe shape, over TRL's trainers (which do the training itself):
 
@@ -13,36 +13,102 @@ torchtune's recipe shape, over TRL's trainers (which do the training itself):
   and the stage's lock released whatever happens.
 
 What differs between the stages is data only: SFT on chat conversations (:mod:`.sft`, the
-assistant-token mask) or DPO on prompt/chosen/rejected pairs (:mod:`.dpo`, the action mask,
-the starting policy as the frozen reference).
+assistant-token mask), DPO on prompt/chosen/rejected pairs (:mod:`.dpo`, the action mask,
+the starting policy as the frozen reference), or next-token pretraining on packed blocks of a
+fresh model (:class:`eto_train.pretrain.train.PretrainJob`, with its probe callbacks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
-from .. import killpoints, layout, tracking
-from ..distributed import empty_model, is_main, loads_weights, wait_for_manifest, with_grad_accum, world_size
+from .. import killpoints, layout
+from ..distributed import empty_model, is_main, loads_weights, wait_for_manifest, world_size
 from ..model.load import check_quantization, fp32_trainable, load_model, load_tokenizer, model_kwargs, train_dtype
 
 
 @dataclass
 class Job:
-    """What a stage trains: ``kind`` "sft" on ``data`` = chat conversations, or "dpo" on ``data`` =
-    rows with ``prompt``/``chosen``/``rejected`` message lists; from ``base`` (for DPO also the
-    frozen reference) with the hyperparameters ``train`` (a bc-style or dpo section; ``trainer``
-    inside it passes any other TRL argument through) and the config's ``model`` section."""
+    """What a stage trains: ``data`` from ``base`` with the TRL arguments ``args`` the stage built
+    (:func:`.sft.sft_arguments`, :func:`.dpo.dpo_arguments`) and the config's ``model`` section.
+    :class:`SFTJob` and :class:`DPOJob` say how the data becomes a dataset and which trainer runs."""
 
     name: str                       # the stage's name: log prefix and test kill point
-    kind: Literal["sft", "dpo"]
     base: str
     data: list[Any]
-    train: dict[str, Any]
+    args: Any                       # trl.SFTConfig / trl.DPOConfig; its output_dir holds the checkpoints
     model: dict[str, Any]
-    seed: int
     trust_remote_code: bool = False
+
+    def tokenizer(self):
+        """The tokenizer training reads with and saves beside the policy: ``base``'s."""
+        return load_tokenizer(self.base, trust_remote_code=self.trust_remote_code,
+                              chat_template=self.model.get("chat_template"))
+
+    def policy(self):
+        """The model training starts from: ``base``'s weights, fp32 master weights for full fine-tuning
+        (bf16: true is autocast only), with LoRA the base in model.dtype; under FSDP with RAM-efficient
+        loading only the main process reads the weights (distributed.loads_weights)."""
+        m = self.model
+        return (load_model if loads_weights(m) else empty_model)(self.base, dtype=train_dtype(m),
+                                                                 trust_remote_code=self.trust_remote_code,
+                                                                 quantization=m.get("quantization"), **model_kwargs(m))
+
+    def dataset(self, tokenizer):
+        """The training set of ``data`` (read and checked before the stage writes)."""
+        raise NotImplementedError
+
+    def shared(self, dataset, out: Path):
+        """``dataset`` as every process of a run reads it (called after the stage's first write)."""
+        return dataset
+
+    def trainer(self, model, tokenizer, dataset, peft):
+        raise NotImplementedError
+
+
+class SFTJob(Job):
+    """SFT on ``data`` = chat conversations (loss on the assistant tokens)."""
+
+    def dataset(self, tokenizer):
+        from .sft import conversation_dataset
+
+        return conversation_dataset(self.data, tokenizer)
+
+    def trainer(self, model, tokenizer, dataset, peft):
+        from .sft import make_trainer
+
+        return make_trainer(model, tokenizer, dataset, self.args, peft)
+
+
+class DPOJob(Job):
+    """DPO on ``data`` = rows with ``prompt``/``chosen``/``rejected`` message lists, against ``base``
+    as the frozen reference."""
+
+    def dataset(self, tokenizer):
+        from datasets import Dataset
+
+        return Dataset.from_list(self.data)
+
+    def shared(self, dataset, out: Path):
+        if world_size() == 1:
+            return dataset
+        # TRL caches the precomputed reference log-probs beside the dataset's files; an in-memory
+        # dataset has a temporary folder per process, so the others would not find rank 0's cache.
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():
+            return dataset.flatten_indices(cache_file_name=str(out / layout.PAIRS_DATASET / "pairs.arrow"))
+
+    def trainer(self, model, tokenizer, dataset, peft):
+        from .dpo import fsdp_reference, make_dpo_trainer
+
+        # The frozen reference is the starting weights (the explorer): TRL's own choice (ref_model=None: the
+        # policy itself before training, or the adapter-disabled model with LoRA), except under FSDP with full
+        # fine-tuning, where the recipe loads it (dpo.fsdp_reference: TRL would spread it over every GPU)
+        return make_dpo_trainer(model, fsdp_reference(self.base, self.model, self.trust_remote_code), tokenizer,
+                                dataset, self.args, peft)
 
 
 @dataclass
@@ -87,32 +153,10 @@ def peft_config_of(lora: dict[str, Any] | None):
     return LoraConfig(task_type="CAUSAL_LM", **lora)
 
 
-def _trainer_parts(job: Job, tokenizer, out: Path):
-    """The dataset, the TRL arguments and a trainer factory of the job's kind."""
-    train = with_grad_accum(job.train)
-    if job.kind == "sft":
-        from .sft import conversation_dataset, make_trainer, sft_config
-
-        return (conversation_dataset(job.data, tokenizer),
-                sft_config(str(out / "checkpoints"), train, job.seed, tracking.report_to()),
-                lambda model, ds, args, peft: make_trainer(model, tokenizer, ds, args, peft))
-    from datasets import Dataset
-
-    from .dpo import dpo_config, fsdp_reference, make_dpo_trainer
-
-    # The frozen reference is the starting weights (the explorer): TRL's own choice (ref_model=None: the
-    # policy itself before training, or the adapter-disabled model with LoRA), except under FSDP with full
-    # fine-tuning, where the recipe loads it (dpo.fsdp_reference: TRL would spread it over every GPU)
-    return (Dataset.from_list(job.data),
-            dpo_config(str(out / "checkpoints"), train, job.seed, tracking.report_to()),
-            lambda model, ds, args, peft: make_dpo_trainer(
-                model, fsdp_reference(job.base, job.model, job.trust_remote_code), tokenizer, ds, args, peft))
-
-
 def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None, resume: bool = False,
           console=None) -> Trained:
-    """Setup, train and save ``job`` into ``out`` (checkpoints in ``out/checkpoints``, the policy in
-    ``out/model``).
+    """Setup, train and save ``job`` into ``out`` (the policy in ``out/model``; checkpoints where its
+    TRL arguments say, ``job.args.output_dir``: the stages put them in ``out/checkpoints``).
 
     ``begin`` (the stage's :meth:`~eto_train.manifest.Stage.begin`) is called once everything has
     loaded, before the first write, and its answer replaces ``resume``: True resumes the last
@@ -130,24 +174,13 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
     # -- setup: everything read and checked before the stage writes -----------------------------
     m = job.model
     check_quantization(m.get("quantization"))
-    tokenizer = load_tokenizer(job.base, trust_remote_code=job.trust_remote_code,
-                               chat_template=m.get("chat_template"))
-    dataset, args, make = _trainer_parts(job, tokenizer, out)
-    # fp32 master weights for full fine-tuning (bf16: true is autocast only); LoRA: the base in model.dtype
-    # under FSDP with RAM-efficient loading only the main process reads the weights (distributed.loads_weights)
-    policy = (load_model if loads_weights(m) else empty_model)(job.base, dtype=train_dtype(m),
-                                                             trust_remote_code=job.trust_remote_code,
-                                                             quantization=m.get("quantization"), **model_kwargs(m))
+    tokenizer = job.tokenizer()
+    dataset = job.dataset(tokenizer)
+    policy = job.policy()
     if begin is not None:
         resume = begin()
-    if job.kind == "dpo" and world_size() > 1:
-        # TRL caches the precomputed reference log-probs beside the dataset's files; an in-memory
-        # dataset has a temporary folder per process, so the others would not find rank 0's cache.
-        from accelerate import PartialState
-
-        with PartialState().main_process_first():
-            dataset = dataset.flatten_indices(cache_file_name=str(out / "pairs_dataset" / "pairs.arrow"))
-    trainer = make(policy, dataset, args, peft_config_of(m.get("lora")))
+    dataset = job.shared(dataset, out)
+    trainer = job.trainer(policy, tokenizer, dataset, peft_config_of(m.get("lora")))
     if not trainer.is_deepspeed_enabled:  # ZeRO-3 keeps its own fp32 masters (and TRL bf16 adapters for it)
         fp32_trainable(trainer.model)      # QLoRA: TRL casts the adapters to bf16 (model/load.py)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -156,7 +189,7 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
         trainer.add_callback(kill)
 
     # -- train (resumes from the last checkpoint of an interrupted run) -------------------------
-    ckpt = resume_checkpoint(out / "checkpoints", resume)
+    ckpt = resume_checkpoint(job.args.output_dir, resume)
     if ckpt:
         console.print(f"[{job.name}] resuming from the last checkpoint {ckpt} (optimizer, scheduler, RNG)")
     result = trainer.train(resume_from_checkpoint=ckpt)
@@ -168,14 +201,14 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
 
 
 def run_stage(stage, prepare: Callable[[], Job], metrics: Callable[[Trained], dict[str, Any]],
-              console=None) -> Trained:
+              console=None, **record: Any) -> Trained:
     """A training stage after its ``stage.done()`` said there is work: ``prepare()`` reads and
     checks the inputs into a :class:`Job`, :func:`train` runs it in ``stage.work`` with
     ``stage.begin`` as the first write, then (cleanup) the main process finishes the stage with
     the run's metrics (``train_loss``, ``optimizer_steps``, ``train_seconds``, ``resumed_from``
-    after a resume, and ``metrics(trained)``); the other processes wait for that manifest. The
-    stage's lock is released whatever happens; a finished stage stays in place while a rerun
-    trains aside (see :class:`eto_train.manifest.Stage`)."""
+    after a resume, and ``metrics(trained)``; ``record``: more manifest fields); the other
+    processes wait for that manifest. The stage's lock is released whatever happens; a finished
+    stage stays in place while a rerun trains aside (see :class:`eto_train.manifest.Stage`)."""
     from ..runtime import config_hash
 
     try:
@@ -188,7 +221,7 @@ def run_stage(stage, prepare: Callable[[], Job], metrics: Callable[[Trained], di
                            "train_seconds": r.metrics["train_runtime"], **metrics(trained)}
         if trained.resumed_from:  # then train_loss and train_seconds cover the steps after the resume
             trained.metrics["resumed_from"] = Path(trained.resumed_from).name
-        stage.finish(trained.metrics, output=str(layout.policy(stage.dir)))
+        stage.finish(trained.metrics, output=str(layout.policy(stage.dir)), **record)
         return trained
     finally:
         stage.release()  # an error: the next run (of this or another process) may take the stage

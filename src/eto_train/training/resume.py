@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from ..distributed import is_main
+from ..layout import TRAINER_STATE
 
 
 def resume_checkpoint(folder: str | Path, resumable: bool) -> str | None:
@@ -32,7 +33,7 @@ def resume_checkpoint(folder: str | Path, resumable: bool) -> str | None:
     steps = sorted(((int(m.group(1)), p) for p in folder.iterdir()
                     if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))), reverse=True)
     for _, p in steps:
-        if (p / "trainer_state.json").is_file():
+        if (p / TRAINER_STATE).is_file():
             return str(p)
         warnings.warn(f"{p}: incomplete checkpoint (no trainer_state.json; a save was interrupted): removed")
         if is_main():

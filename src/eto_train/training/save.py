@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .. import killpoints
+from .. import killpoints, layout
 from ..distributed import is_main, world_size
 from ..model.load import CheckpointError, check_checkpoint, load_model
 
@@ -225,7 +225,7 @@ def save_policy(trainer, tokenizer, out: str | Path, base: str, dtype: str,
         killpoints.hit(f"{stage}/save")  # tests only: all written, not yet verified
         _verify(out, stage, trust_remote_code)
         return
-    target = out.parent / "adapter" if peft else out
+    target = out.parent / layout.ADAPTER if peft else out
     if is_fsdp2(model):
         save_fsdp2(model, target, dtype)
     else:

@@ -5,15 +5,16 @@ The conversations are tokenized here with the template-agnostic assistant mask o
 (``input_ids`` + ``assistant_masks``), so any chat template trains: TRL turns the mask into
 labels of -100 on system, task, observations, template scaffolding and padding.
 
-The stages train through :mod:`eto_train.training.recipe` (setup, train, save, cleanup), which
-takes the dataset, arguments and trainer from here for SFT (``bc`` on the expert trajectories,
-``compare``'s SFT control on a DPO variant's chosen sides).
+The stages train through :mod:`eto_train.training.recipe` (setup, train, save, cleanup) with an
+:class:`~eto_train.training.recipe.SFTJob`, whose dataset, arguments and trainer come from here
+(``bc`` on the expert trajectories, ``compare``'s SFT control on a DPO variant's chosen sides).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
+from ..config import BCSection
 from ..experts import usable
 from ..records import Episode, to_messages
 from .masks import assistant_token_mask
@@ -45,36 +46,26 @@ def conversation_dataset(convs: list[list[dict[str, str]]], tokenizer):
     return Dataset.from_list(rows)
 
 
-def sft_config(out_dir: str, train: dict[str, Any], seed: int, report_to: str):
+# What the recipe sets itself, whatever a section says (besides output_dir, seed, data_seed and report_to)
+FIXED = {
+    "assistant_only_loss": False,    # the rows carry their own assistant mask (any chat template)
+    "logging_nan_inf_filter": False,  # a NaN/Inf loss is logged as it is, and stops training (save.finite_guard)
+    "disable_tqdm": True,            # rich progress instead
+    "dataloader_num_workers": 0,
+}
+
+
+def sft_arguments(section: BCSection, out_dir: str | Path, seed: int):
+    """TRL's ``SFTConfig`` of a bc-style ``section`` (``bc``, or the SFT control's), whose keys are
+    SFTConfig's own but eto-train's (``BCSection.trl_arguments``), with the accumulation that reaches
+    ``effective_batch`` on this many processes; checkpoints go to ``out_dir``."""
     from trl import SFTConfig
 
-    return SFTConfig(
-        output_dir=out_dir,
-        assistant_only_loss=False,  # the rows carry their own assistant mask (any chat template)
-        max_length=train["max_length"],
-        per_device_train_batch_size=train["batch_size"],
-        gradient_accumulation_steps=train["grad_accum"],
-        learning_rate=train["lr"],
-        lr_scheduler_type=train["scheduler"],
-        warmup_steps=train["warmup_ratio"],  # a float below 1 is a ratio of the total steps
-        weight_decay=train["weight_decay"],
-        num_train_epochs=train["epochs"],
-        max_steps=train.get("max_steps") or -1,
-        logging_steps=train["logging_steps"],
-        logging_nan_inf_filter=False,  # a NaN/Inf loss is logged as it is, and stops training (save.finite_guard)
-        save_strategy=train["save_strategy"],
-        save_steps=train.get("save_steps") or 500,
-        save_total_limit=train["save_total_limit"],
-        bf16=train["bf16"],
-        activation_checkpointing=train["gradient_checkpointing"],
-        seed=seed,
-        data_seed=seed,
-        report_to=report_to,
-        disable_tqdm=True,  # rich progress instead
-        dataloader_num_workers=0,
-        use_cpu=train["use_cpu"],
-        **(train.get("trainer") or {}),  # any other SFTConfig argument, under TRL's name
-    )
+    from .. import tracking
+    from ..distributed import grad_accum
+
+    return SFTConfig(**{**section.trl_arguments(), "gradient_accumulation_steps": grad_accum(section)}, **FIXED,
+                     output_dir=str(out_dir), seed=seed, data_seed=seed, report_to=tracking.report_to())
 
 
 def make_trainer(model, tokenizer, dataset, args, peft_config=None):

@@ -2,7 +2,9 @@
 chat-model families, for tests and the CPU rehearsal of every experiment config.
 
 The tokenizer files are vendored, compressed, in ``tests/data/tokenizers/<family>/`` (sources
-and licenses in its NOTICE.md): nothing is downloaded. A fixture model is the family's own
+and licenses in its NOTICE.md): nothing is downloaded. The builder lives with its data in tests/
+(the package reads nothing of tests/); scripts that build a fixture (determinism, gpu_smoke,
+rehearse_vllm) put tests/ on their path. A fixture model is the family's own
 architecture (Llama, Mistral, Qwen2, Qwen3, Gemma-3) at toy size, so that what a GPU user meets
 first (no pad token, several end-of-turn ids, templates without generation markers, history
 rewriting, strict role alternation, sliding-window attention) is met here first.
@@ -16,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-TOKENIZERS = Path(__file__).resolve().parents[3] / "tests" / "data" / "tokenizers"
+TOKENIZERS = Path(__file__).resolve().parent / "data" / "tokenizers"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Measurement helpers of ``make bench`` (scripts/bench.py holds one function per section).
+"""Measurement helpers of ``make bench`` (scripts/bench.py holds one function per section; these
+are its pieces that tests/test_bench.py checks on their own).
 
 - :class:`PlainGenerate`: the policy without its cross-turn KV cache (HF ``generate`` on the
   whole conversation every turn), the baseline of the rollout section at any batch size.
@@ -20,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .envs.base import Environment, Task
+from eto_train import layout
+from eto_train.envs.base import Environment, Task
 
 
 class PlainGenerate:
@@ -74,7 +76,7 @@ def step_envs(envs: Sequence[Environment], tasks: Sequence[Task], gold: dict[str
     calls are all sent, then their answers read in order. The same arguments give the same
     work: the queue is consumed in environment order.
     """
-    from .envs.workers import sends_async
+    from eto_train.envs.workers import sends_async
 
     queue = itertools.cycle(tasks)
     at: list[list] = [[None, 0] for _ in envs]  # each environment's task and position in its gold path
@@ -214,7 +216,7 @@ def sciworld_adapter_vs_package(env, tasks: Sequence[Task], repeats: int) -> dic
 # -- two evaluations of the same episodes ----------------------------------------------------
 def manifest_seconds(stage_dir: str | Path) -> float:
     """The wall seconds a finished stage's manifest records (from the stage's start to done)."""
-    m = json.loads((Path(stage_dir) / "manifest.json").read_text())
+    m = json.loads(layout.manifest(stage_dir).read_text())
     if m.get("status") != "done":
         raise RuntimeError(f"{stage_dir}: the stage is not done (status {m.get('status')!r})")
     return float(m["seconds"])

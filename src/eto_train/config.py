@@ -1,0 +1,1174 @@
+"""The typed config: one pydantic model per section of configs/, validated once (:func:`load`).
+
+Every stage's ``run(cfg)`` starts with ``cfg = typed(cfg)`` and the CLI calls :func:`load` once,
+so a bad value fails before a model, an environment or a stage folder is opened, and every bad
+key is named at once: one :class:`ConfigError` with a line ``<dotted.key>=<value>: <what is
+allowed>`` per key (the text comes from the field's :class:`Rule`, so the message and the check
+are one declaration). Stage code reads attributes (``cfg.bc.learning_rate``, ``cfg.paths.bc``).
+
+What is checked: the enums (``Literal``), ranges (``Field(ge=..)``) and shapes of every section,
+strictly (``1`` is not ``true``, ``2.5`` is not an integer), and the cross-key rules that have
+one right answer (``model_validator``: loss_weights as long as loss_type, control_of among the
+variants, effective_batch a multiple of the batch size, a dev split never a test split, ...).
+A cross-key rule is checked once the keys it relates are valid. What is not: anything that
+needs an environment, a model or the disk beyond ``experts.source`` and the pretraining seed
+layout (a split's tasks, data folders, checkpoints: the stages keep those, e.g.
+stages/eto.check_selection for the dev split's tasks).
+
+The environment section's model is its adapter's ``Config`` (a subclass of :class:`EnvSection`,
+found by :func:`eto_train.envs.registry.config_model`). ``bc`` and ``eto.dpo`` are TRL's
+arguments under TRL's names (:meth:`TrainingSection.trl_arguments`); any other key there must
+be a field of the installed TRL's ``SFTConfig`` / ``DPOConfig``. TRL's loss types and
+transformers' schedulers / save strategies are read from the installed packages
+(:mod:`eto_train.trl_names`).
+
+Unknown keys: Hydra's struct mode rejects a command-line override of a key that does not exist
+(unless added with ``+``); the models reject the rest (``extra="forbid"``), with the section's
+own words (:attr:`Section.unknown`).
+
+Stage hashes: :func:`eto_train.runtime.to_plain` dumps a section with ``exclude_unset=True``, so
+a section built from the YAML gives back exactly the YAML's dict (defaults the YAML does not
+name stay out of the hash).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic_core import PydanticCustomError
+
+from .errors import ConfigError
+from .export import EXPORT_FORMATS
+from .pairs import EXPERT_REWARDS
+from .prompting import OPENINGS, PromptConfig
+from .records import STATUSES
+from .trl_names import dpo_loss_types, save_strategies, scheduler_types, trainer_fields, version
+
+__all__ = ["Config", "ConfigError", "EnvSection", "RolloutSection", "Section", "load", "typed"]
+
+CONTRASTS = ("trajectory", "step", "mixture")  # eto.pairs.contrast, compare.variants
+CHOSEN = ("expert", "self", "both")
+REJECTED_CUTS = ("expert_length", "first_divergence")
+STEP_POSITIONS = ("all", "sample", "first_divergence")
+METRICS = ("success_rate", "mean_score")  # env.metric: the dev figure that selects and stops ETO iterations
+TEST_NAMES = ("seen", "unseen")  # with test*: the project's test splits, never a dev split
+BACKENDS = ("hf", "vllm")
+DTYPES = ("float32", "float16", "bfloat16")  # torch dtypes a checkpoint is loaded in (model/load.py)
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # WANDB_MODE values wandb accepts
+BNB_4BIT_QUANT_TYPES = ("nf4", "fp4")
+FAULT_KINDS = ("timeout", "crash", "malformed")  # envs/faults.py KINDS (a test keeps them equal)
+SEED_MAX = 2**32 - 1  # numpy's seed range (transformers.set_seed seeds numpy too)
+
+# The TRL arguments the training stages set themselves (training/sft.py, training/dpo.py): not a
+# section's to set.
+SET_BY_STAGE = {
+    "sft": frozenset({"output_dir", "assistant_only_loss", "seed", "data_seed", "report_to", "disable_tqdm",
+                      "dataloader_num_workers", "logging_nan_inf_filter"}),
+    "dpo": frozenset({"output_dir", "seed", "data_seed", "report_to", "disable_tqdm", "dataloader_num_workers",
+                      "logging_nan_inf_filter", "remove_unused_columns"}),
+}
+
+
+# -- rendering ----------------------------------------------------------------------------------
+def render(value: Any) -> str:
+    """A value as a message shows it: strings quoted, null/true/false as Hydra writes them."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 120 else repr(value[:100]) + f"... ({len(value)} characters)"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(render(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {render(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def one_of(choices) -> str:
+    return "one of " + ", ".join(render(c) for c in choices)
+
+
+def _num(x) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else str(x)
+
+
+def _range_text(gt=None, ge=None, lt=None, le=None, integer=False) -> str:
+    kind = "an integer" if integer else "a number"
+    lo = None if gt is None and ge is None else ("(" if gt is not None else "[", gt if gt is not None else ge)
+    hi = None if lt is None and le is None else (")" if lt is not None else "]", lt if lt is not None else le)
+    if lo and hi:
+        return f"{kind} in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
+    if lo:
+        return f"{kind} {'>' if lo[0] == '(' else '>='} {_num(lo[1])}"
+    if hi:
+        return f"{kind} {'<' if hi[0] == ')' else '<='} {_num(hi[1])}"
+    return kind
+
+
+# -- field types: each carries the text its error line shows -----------------------------------
+class Rule:
+    """What a field allows, as its error line says it (``{section}``: the section's dotted key)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Rule({self.text!r})"
+
+
+def _or_null(text: str, null: str | None) -> str:
+    return text + (f", or null ({null})" if null else "")
+
+
+def _typed(inner: Any, text: str, null: str | None) -> Any:
+    return Annotated[Optional[inner] if null else inner, Rule(text)]
+
+
+def Int(*, gt=None, ge=None, lt=None, le=None, null: str | None = None, when: str = "") -> Any:
+    """An integer in a range (``null``: what null means, when it is allowed; ``when``: appended)."""
+    return _typed(Annotated[int, Field(gt=gt, ge=ge, lt=lt, le=le)],
+                  _or_null(_range_text(gt, ge, lt, le, True), null) + when, null)
+
+
+def Num(*, gt=None, ge=None, lt=None, le=None, null: str | None = None, when: str = "") -> Any:
+    """A finite number in a range; an integer stays one (1 and 1.0 hash differently in a manifest)."""
+    return _typed(Union[Annotated[int, Field(gt=gt, ge=ge, lt=lt, le=le)],
+                        Annotated[float, Field(gt=gt, ge=ge, lt=lt, le=le)]],
+                  _or_null(_range_text(gt, ge, lt, le, False), null) + when, null)
+
+
+def Choice(choices, *, null: str | None = None, what: str = "") -> Any:
+    """One of ``choices`` (a ``Literal``)."""
+    return _typed(Literal[tuple(choices)], _or_null((what + ": " if what else "") + one_of(choices), null), null)
+
+
+def Text(*, null: str | None = None, what: str = "a non-empty string", pattern: str | None = None) -> Any:
+    return _typed(Annotated[str, Field(min_length=1, pattern=pattern)], _or_null(what, null), null)
+
+
+def Texts(*, choices=None, what: str = "", null: str | None = None, nonempty: bool = True) -> Any:
+    """A list of strings (each one of ``choices`` when given)."""
+    each = one_of(choices) if choices else "a non-empty string"
+    item = Literal[tuple(choices)] if choices else Annotated[str, Field(min_length=1)]
+    text = what or f"a {'non-empty ' if nonempty else ''}list, each entry {each}"
+    return _typed(Annotated[list[item], Field(min_length=1 if nonempty else 0)], _or_null(text, null), null)
+
+
+Flag = Annotated[bool, Rule("true or false")]
+
+
+def Part(model: type, text: str, null: str | None = None) -> Any:
+    """A sub-section (``null``: may be null)."""
+    return _typed(model, _or_null(text, null), null)
+
+
+def problem(*lines: tuple[str, str]) -> PydanticCustomError:
+    """The error of a cross-key rule: ``(key, allowed)`` per bad key, ``key`` relative to the
+    section; ``allowed`` starting with ``=`` is a whole line after the key (its own wording)."""
+    return PydanticCustomError("config", "{lines}", {"lines": list(lines)})
+
+
+def allowed(text: str) -> PydanticCustomError:
+    """A field validator's error: what the field allows, in words that depend on the value."""
+    return PydanticCustomError("config", "{allowed}", {"allowed": text})
+
+
+# -- sections -----------------------------------------------------------------------------------
+class Section(BaseModel):
+    """A config section: strict types, unknown keys refused, attribute access (``cfg.bc.learning_rate``).
+
+    ``get`` / ``[]`` / ``in`` read it as the DictConfig did (``in``: the key was given, by the YAML
+    or an override, or is an allowed extra key)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=False)
+    unknown: ClassVar[str] = ""  # what an unknown key's error line says ("" : the section's keys)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default) if key in type(self).model_fields or key in (self.model_extra or {}) \
+            else default
+
+    def __getitem__(self, key: str) -> Any:
+        if key in type(self).model_fields or key in (self.model_extra or {}):
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_fields_set or key in (self.model_extra or {})
+
+    def plain(self) -> dict[str, Any]:
+        """The section as plain JSON types, as the YAML gave it (what a stage hash is made of)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class Paths(Section):
+    runs: Text()
+    run: Text()
+    base: Text()
+    experts: Text()
+    tiny_model: Text()
+    bc: Text()
+    bc_eval: Text()
+    eto: Text()
+    compare: Text()
+    cache: Text()
+
+
+class Runtime(Section):
+    train_threads: Int(ge=1) = 2
+    rollout_threads: Int(ge=1) = 2
+
+
+def _experts_source(v: str) -> str:
+    if v != "gold" and not Path(v).is_file():
+        raise allowed("'gold' (play each training task's gold path) or an existing file (the authors' "
+                      "<env>_sft.json); no such file")
+    return v
+
+
+class Experts(Section):
+    source: Annotated[str, AfterValidator(_experts_source),
+                      Rule("'gold' or the path of the authors' <env>_sft.json")] = "gold"
+
+
+class Wandb(Section):
+    enabled: Flag = True
+    mode: Choice(WANDB_MODES) = "offline"
+    project: Text() = "eto-train"
+
+
+# env ----------------------------------------------------------------------------------------------
+class FaultSpec(Section):
+    unknown = "not a fault setting: 'rate' or 'seed'"
+    rate: Num(ge=0, le=1, when=" (probability per environment call)") = 0.0
+    seed: Int() = 0
+
+
+class Faults(Section):
+    unknown = f"not a fault kind: {one_of(FAULT_KINDS)}"
+    timeout: Part(FaultSpec, "{rate: <0..1>, seed: <int>}", null="off") = None
+    crash: Part(FaultSpec, "{rate: <0..1>, seed: <int>}", null="off") = None
+    malformed: Part(FaultSpec, "{rate: <0..1>, seed: <int>}", null="off") = None
+
+
+class EnvSection(Section):
+    """What every environment section has (eto-train's own keys); an adapter's ``Config`` adds its own."""
+
+    name: Text(what="an environment name (configs/env, or an installed plug-in)")
+    adapter: Text(what="'package.module:Class'", null="the adapter env.name names") = None
+    splits: Annotated[dict[str, Any], Field(min_length=1), Rule("a mapping of split name -> split (at least one)")]
+    dev_holdout: Int(ge=0, when=" (training tasks held out as a dev split; 0: none)") = 0
+    metric: Choice(METRICS, what="the dev figure that selects ETO iterations") = "success_rate"
+    workers: Int(ge=0, null="0", when=" (processes that host a rollout's environments; 0: the rollout's own)") = 0
+    faults: Part(Faults, "{timeout|crash|malformed: {rate: <0..1>, seed: <int>}}", null="no fault injection") = None
+
+
+class _AnyEnv(EnvSection):
+    """An environment whose adapter declares no ``Config``: eto-train's own keys checked, the rest passed on."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# model --------------------------------------------------------------------------------------------
+class TokenizerSpec(Section):
+    vocab_size: Int(ge=1)
+    min_frequency: Int(ge=1) = 2
+
+
+class Arch(Section):
+    """A tiny Llama's shape (model/tiny.py), for ``model.arch`` and ``pretrain.arch``."""
+
+    hidden_size: Int(ge=1)
+    num_layers: Int(ge=1)
+    num_heads: Int(ge=1)
+    intermediate_size: Int(ge=1)
+    max_position_embeddings: Int(ge=1)
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.hidden_size % self.num_heads:
+            raise problem(("hidden_size", f"a multiple of {{section}}.num_heads={self.num_heads}"))
+        return self
+
+
+class Lora(Section):
+    model_config = ConfigDict(extra="allow")  # any other PEFT LoraConfig keyword
+    r: Int(ge=1)
+    lora_alpha: Num(gt=0) = 8
+    lora_dropout: Num(ge=0, lt=1) = 0.0
+    target_modules: Annotated[Optional[Union[Annotated[str, Field(min_length=1)],
+                                             Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]]],
+                              Rule("a non-empty list of module names (or one string), or null (PEFT's default "
+                                   "for the architecture)")] = None
+
+
+class Quantization(Section):
+    model_config = ConfigDict(extra="allow")  # any other BitsAndBytesConfig keyword
+    load_in_4bit: Flag = False
+    load_in_8bit: Flag = False
+    bnb_4bit_use_double_quant: Flag = False
+    bnb_4bit_quant_type: Choice(BNB_4BIT_QUANT_TYPES) = "fp4"
+    bnb_4bit_compute_dtype: Choice(DTYPES, null="model.dtype") = None
+
+
+class ModelSection(Section):
+    name: Text()
+    path: Text()
+    build: Flag = False
+    dtype: Choice(DTYPES) = "float32"
+    max_context: Int(ge=1) = 1024
+    chat_template: Text(null="the tokenizer's own") = None
+    attn_implementation: Choice(ATTN_IMPLEMENTATIONS, null="transformers' default") = None
+    tokenizer: Part(TokenizerSpec, "{vocab_size: <int>, min_frequency: <int>}", null="a pretrained model's own") = None
+    arch: Part(Arch, "{hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings}",
+               null="a pretrained model's own") = None
+    lora: Part(Lora, "PEFT LoraConfig keywords {r, lora_alpha, lora_dropout, target_modules}",
+               null="full fine-tuning") = None
+    quantization: Part(Quantization, "BitsAndBytesConfig keywords, e.g. {load_in_4bit: true}",
+                       null="no quantization") = None
+
+    @model_validator(mode="after")
+    def _built(self):
+        bad = []
+        if self.build and self.tokenizer is None:
+            bad.append(("tokenizer", "{vocab_size: <int>, min_frequency: <int>} (model.build=true trains one)"))
+        if self.build and self.arch is None:
+            bad.append(("arch", "{hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings} "
+                                "(model.build=true builds one)"))
+        if self.arch is not None and self.max_context > self.arch.max_position_embeddings:
+            bad.append(("max_context", f"at most model.arch.max_position_embeddings={self.arch.max_position_embeddings}"
+                                       " (the tiny model has no positions beyond it)"))
+        if bad:
+            raise problem(*bad)
+        return self
+
+
+# bc and dpo: TRL's arguments ----------------------------------------------------------------------
+def _max_steps() -> Any:
+    return Annotated[Union[Literal[-1], Annotated[int, Field(ge=1)]],
+                     Rule("an integer >= 1, or -1 (no cap: the epochs decide)")]
+
+
+def trl_key_problems(kind: str, extra: dict[str, Any]) -> list[tuple[str, str]]:
+    """The keys of a bc / eto.dpo section beyond its fields that TRL's ``SFTConfig`` / ``DPOConfig``
+    (``kind``: sft | dpo) does not take, or that the stage sets itself."""
+    bad, fields = [], trainer_fields(kind)
+    for k in sorted(extra):
+        if k in SET_BY_STAGE[kind]:
+            bad.append((k, "set by eto-train itself, not a {section} key"))
+        elif fields and k not in fields:
+            bad.append((k, f"not a {kind.upper()}Config argument (trl {version('trl')}) nor a key of {{section}}"))
+    return bad
+
+
+class TrainingSection(Section):
+    """The Trainer arguments bc and eto.dpo share, under TRL's names (TRL's ``SFTConfig`` /
+    ``DPOConfig``); another argument of that class may be given too (``+bc.max_grad_norm=0.5``)."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: ClassVar[str] = "sft"  # which TRL class: sft | dpo
+    own: ClassVar[frozenset[str]] = frozenset({"effective_batch"})  # eto-train's keys, not TRL's
+
+    learning_rate: Num(gt=0) = 5e-5
+    num_train_epochs: Num(gt=0) = 3.0
+    max_steps: _max_steps() = -1
+    per_device_train_batch_size: Int(ge=1, when=" (per device)") = 8
+    gradient_accumulation_steps: Int(ge=1) = 1
+    effective_batch: Int(ge=1, null="{section}.gradient_accumulation_steps decides") = None
+    lr_scheduler_type: Choice(scheduler_types(), what=f"a transformers SchedulerType (transformers "
+                                                      f"{version('transformers')})") = "linear"
+    warmup_steps: Num(ge=0, le=1, when=" (share of the optimizer steps)") = 0.0
+    weight_decay: Num(ge=0) = 0.0
+    max_length: Int(ge=1, when=" (tokens per sequence)") = 1024
+    logging_steps: Num(gt=0) = 500
+    save_strategy: Choice(save_strategies()) = "steps"
+    save_steps: Num(gt=0) = 500
+    save_total_limit: Int(ge=1, null="keep every checkpoint") = None
+    bf16: Flag = False
+    activation_checkpointing: Flag = False
+    use_cpu: Flag = False
+
+    @model_validator(mode="after")
+    def _rules(self):
+        bad = []
+        eb, batch = self.effective_batch, self.per_device_train_batch_size
+        if eb is not None and eb % batch:
+            bad.append(("effective_batch", f"a multiple of {{section}}.per_device_train_batch_size={batch} "
+                                           "(accumulation = effective_batch / (per_device_train_batch_size x GPUs))"))
+        bad += trl_key_problems(self.kind, self.model_extra or {})
+        if bad:
+            raise problem(*bad)
+        return self
+
+    def trl_arguments(self) -> dict[str, Any]:
+        """The section's TRL arguments (every field but eto-train's own, extra ones included)."""
+        return self.model_dump(mode="python", exclude=set(self.own))
+
+
+class BCSection(TrainingSection):
+    own: ClassVar[frozenset[str]] = frozenset({"effective_batch", "only_success"})
+    only_success: Flag = True
+
+
+def _loss_types(v: list[str]) -> list[str]:
+    kinds = dpo_loss_types()
+    bad = [x for x in v if x not in kinds]
+    if bad:
+        raise allowed(f"{render(bad[0])} is not a TRL DPO loss type; each entry {one_of(kinds)} (trl {version('trl')})")
+    return v
+
+
+_LOSS_TYPE_RULE = Rule(f"a non-empty list of TRL DPO loss types (trl {version('trl')}): {one_of(dpo_loss_types())}")
+
+
+class DPOTraining(TrainingSection):
+    kind: ClassVar[str] = "dpo"
+    own: ClassVar[frozenset[str]] = frozenset({"effective_batch", "later"})
+
+    beta: Num(gt=0) = 0.1
+    loss_type: Annotated[list[str], Field(min_length=1), AfterValidator(_loss_types), _LOSS_TYPE_RULE] = ["sigmoid"]
+    loss_weights: Annotated[Optional[list[Union[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=0)]]]],
+                            Rule("a list of numbers >= 0, one per loss_type entry, or null (1.0 each)")] = None
+    precompute_ref_log_probs: Flag = False
+
+    def _loss_pair(self) -> list[tuple[str, str]]:
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            key = "loss_weights" if "loss_weights" in self.model_fields_set else "loss_type"
+            return [(key, f"as many loss_weights as loss_type has entries ({len(self.loss_type)}: "
+                          f"{render(self.loss_type)} against {len(self.loss_weights)} weights), or loss_weights null")]
+        return []
+
+
+class DPOLater(DPOTraining):
+    """``eto.dpo.later``: eto.dpo's keys that change from iteration 2 on (each unset one is eto.dpo's)."""
+
+    unknown = "not a key of eto.dpo (later overrides eto.dpo's keys from iteration 2 on)"
+
+    @model_validator(mode="after")
+    def _rules(self):
+        fields = trainer_fields("dpo")
+        bad = [(k, self.unknown) for k in sorted(self.model_extra or {}) if fields and k not in fields]
+        if bad:
+            raise problem(*bad)
+        return self
+
+
+class DPOSection(DPOTraining):
+    later: Part(DPOLater, "a mapping of eto.dpo keys for iterations >= 2, e.g. {beta: 0.5, learning_rate: 5e-6}",
+                null="iteration 1's settings throughout") = None
+
+    @model_validator(mode="after")
+    def _pairs(self):
+        bad = self._loss_pair()
+        later = self.later
+        if not bad and later is not None and {"loss_type", "loss_weights"} & later.model_fields_set:
+            types_ = later.loss_type if "loss_type" in later.model_fields_set else self.loss_type
+            weights = later.loss_weights if "loss_weights" in later.model_fields_set else self.loss_weights
+            if weights is not None and len(weights) != len(types_):
+                key = "loss_weights" if "loss_weights" in later.model_fields_set else "loss_type"
+                bad = [(f"later.{key}", f"as many loss_weights as loss_type has entries ({len(types_)}: "
+                                        f"{render(types_)} against {len(weights)} weights), or loss_weights null")]
+        if bad:
+            raise problem(*bad)
+        return self
+
+    def at(self, iteration: int) -> "DPOSection":
+        """The settings DPO trains with in ``iteration`` (1-based): eto.dpo, with eto.dpo.later's
+        keys over it from iteration 2 on."""
+        if iteration < 2 or self.later is None:
+            return self
+        merged = {**self.model_dump(exclude={"later"}, exclude_unset=True), **self.later.model_dump(exclude_unset=True)}
+        return DPOSection.model_validate(merged)
+
+
+# rollouts -----------------------------------------------------------------------------------------
+class VLLM(Section):
+    model_config = ConfigDict(extra="allow")  # any other vllm.LLM keyword
+    gpu_memory_utilization: Num(gt=0, le=1) = 0.85
+    max_num_seqs: Int(ge=1) = 256
+    enforce_eager: Flag = False
+
+
+class Generation(Section):
+    max_new_tokens: Int(ge=1) = 20
+    do_sample: Flag = False
+    temperature: Num(ge=0) = 1.0
+    top_p: Num(gt=0, le=1) = 1.0
+
+    @model_validator(mode="after")
+    def _sampling(self):
+        if self.do_sample and not self.temperature > 0:
+            raise problem(("temperature", "a number > 0 when {section}.do_sample is true"))
+        return self
+
+
+class RolloutSection(Section):
+    """How a policy plays episodes (``rollout``); ``eval.rollout`` and ``eto.explore.rollout`` hold
+    overrides of it (the keys they set), :meth:`merged` the settings that play."""
+
+    batch_size: Int(ge=1, when=" (episodes in parallel)") = 32
+    backend: Choice(BACKENDS, what="the rollout engine") = "hf"
+    vllm: Part(VLLM, "vllm.LLM keywords", null="vLLM's defaults") = Field(default_factory=VLLM)
+    overlap_env: Flag = False
+    data_parallel: Flag = True
+    env_retries: Int(ge=0) = 3
+    generation: Part(Generation, "{max_new_tokens, do_sample, temperature, top_p}") = Field(default_factory=Generation)
+
+    def merged(self, overrides: "RolloutSection | None") -> "RolloutSection":
+        """These settings with ``overrides``' given keys over them (one level down too: generation, vllm)."""
+        if overrides is None:
+            return self
+        base = self.model_dump(exclude_unset=True)
+        for k, v in overrides.model_dump(exclude_unset=True).items():
+            base[k] = {**(base.get(k) or {}), **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        return RolloutSection.model_validate(base)
+
+
+class EvalSection(Section):
+    policy: Text(what="a checkpoint folder or hub id")
+    tag: Text(what="a non-empty name (results go to eval/<tag>/)")
+    splits: Texts(what="a non-empty list of split names, e.g. [seen, unseen]")
+    rollout: Part(RolloutSection, "overrides of rollout.* for evaluation") = Field(default_factory=RolloutSection)
+
+
+# eto ----------------------------------------------------------------------------------------------
+class Explore(Section):
+    split: Text() = "train"
+    tasks_per_game: Int(ge=1, null="every training task") = None
+    samples: Int(ge=1, when=" (episodes per task)") = 1
+    rollout: Part(RolloutSection, "overrides of rollout.* for exploration") = Field(default_factory=RolloutSection)
+
+
+class Pairs(Section):
+    contrast: Choice(CONTRASTS) = "trajectory"
+    chosen: Choice(CHOSEN) = "expert"
+    extra_turns: Int(ge=0, null="the rejected side is not cut") = 5
+    rejected_cut: Choice(REJECTED_CUTS) = "expert_length"
+    expert_reward: Choice(EXPERT_REWARDS) = "file"
+    step_positions: Choice(STEP_POSITIONS) = "first_divergence"
+    step_samples: Int(ge=1) = 2
+    mixture_step_fraction: Num(ge=0, le=1) = 0.5
+
+
+def is_test_name(split: str) -> bool:
+    return split in TEST_NAMES or split.startswith("test")
+
+
+class ETOSection(Section):
+    iterations: Int(ge=1) = 3
+    early_stopping: Flag = True
+    min_improvement: Num(ge=0) = 0.0
+    dev_split: Text(null="no dev evaluation") = "dev"
+    explore: Part(Explore, "{split, tasks_per_game, samples, rollout}") = Field(default_factory=Explore)
+    pairs: Part(Pairs, "{contrast, chosen, extra_turns, ...}") = Field(default_factory=Pairs)
+    dpo: Part(DPOSection, "DPOConfig arguments under TRL's names") = Field(default_factory=DPOSection)
+
+    @model_validator(mode="after")
+    def _selection(self):
+        dev = self.dev_split
+        if dev is None and self.early_stopping:
+            raise problem(("dev_split", "! is null but eto.early_stopping is true: early stopping selects on a dev split "
+                                        "(set eto.dev_split=dev with env.dev_holdout > 0, or eto.early_stopping=false)"))
+        if dev is not None and is_test_name(dev):
+            raise problem(("dev_split", "a split held out of training (env.dev_holdout), not a test split (seen, "
+                                        "unseen, test*): model selection must not look at a test split"))
+        if dev is not None and dev == self.explore.split:
+            raise problem(("dev_split", "a split held out of training, not the split ETO explores "
+                                        "(eto.explore.split)"))
+        return self
+
+
+# prompt, compare, reading, export -------------------------------------------------------------------
+class Turn(Section):
+    role: Choice(("user", "assistant"))
+    content: Annotated[str, Rule("a string")]
+
+
+_PROMPT_FIELDS = sorted(PromptConfig.__dataclass_fields__)
+
+
+def _template(*slots: str):
+    def check(v: str) -> str:
+        try:
+            v.format(**{n: "" for n in slots})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise allowed(f"a template whose only slots are {', '.join('{%s}' % n for n in slots)} (other braces "
+                          f"doubled: {{{{ }}}}); {type(exc).__name__}: {exc}") from None
+        return v
+    return AfterValidator(check)
+
+
+class PromptSection(Section):
+    """A prompt profile (configs/prompt): prompting.PromptConfig's fields."""
+
+    unknown = f"not a prompt setting: {one_of(_PROMPT_FIELDS)}"
+    version: Text() = PromptConfig.version
+    opening: Choice(OPENINGS) = "system"
+    system: Annotated[str, _template("actions"), Rule("a string")] = PromptConfig.system
+    task_template: Annotated[str, _template("task", "observation"), Rule("a string")] = PromptConfig.task_template
+    observation_template: Annotated[str, _template("task", "observation"),
+                                    Rule("a string")] = PromptConfig.observation_template
+    invalid_format: Annotated[str, Rule("a string")] = PromptConfig.invalid_format
+    thought: Flag = False
+    example: Annotated[list[Annotated[Turn, Rule("{role: user|assistant, content: <string>}")]],
+                       Rule("a list of {role, content} turns, or []")] = []
+
+    @model_validator(mode="after")
+    def _turns(self):
+        for i, m in enumerate(self.example):
+            want = "user" if i % 2 == 0 else "assistant"
+            if m.role != want:
+                raise problem((f"example.{i}.role", f"{want!r} (the example alternates user and assistant turns, "
+                                                    "starting with the task)"))
+        if self.example and self.example[-1].role != "assistant":
+            raise problem(("example", "ends on an assistant turn (the next turn is the task)"))
+        try:  # a last guard: whatever else prompting.PromptConfig checks
+            self.prompt_config()
+        except (ValueError, TypeError) as exc:
+            raise problem(("", f"!: {exc}")) from None
+        return self
+
+    def prompt_config(self) -> PromptConfig:
+        return PromptConfig(**self.model_dump(mode="python"))
+
+
+class CompareSection(Section):
+    variants: Texts(choices=CONTRASTS) = list(CONTRASTS)
+    control: Flag = True
+    control_of: Choice(CONTRASTS) = "trajectory"
+    splits: Texts(what="a non-empty list of split names") = ["seen", "unseen"]
+    bootstrap: Int(ge=1, when=" (paired bootstrap resamples)") = 2000
+
+    @model_validator(mode="after")
+    def _variants(self):
+        if len(set(self.variants)) < len(self.variants):
+            raise problem(("variants", f"each contrast once ({one_of(CONTRASTS)})"))
+        if self.control and self.control_of not in self.variants:
+            raise problem(("control_of", f"= is not one of compare.variants={render(self.variants)}: with "
+                                         "compare.control=true it names the variant whose chosen side and optimizer "
+                                         "steps the SFT control matches"))
+        return self
+
+
+class ReadingSection(Section):
+    split: Text() = "test_seen"
+    policies: Annotated[dict[str, Annotated[str, Field(min_length=1)]], Field(min_length=1),
+                        Rule("at least one tag mapped to a checkpoint folder or hub id")]
+    permutations: Int(ge=1) = 20000
+    alpha: Num(gt=0, lt=1) = 0.01
+
+
+def _dotted(v: str) -> str:
+    if any(not part for part in v.split(".")):
+        raise allowed("a dotted field path, e.g. policy.path")
+    return v
+
+
+def _regex(v: str) -> str:
+    try:
+        re.compile(v)
+    except re.error as exc:
+        raise allowed(f"a valid regular expression ({exc})") from None
+    return v
+
+
+class ExportSection(Section):
+    inputs: Texts(what="a non-empty list of episode or pairs files")
+    output: Text()
+    format: Choice(EXPORT_FORMATS) = "eto"
+    drop_fields: Annotated[list[Annotated[str, AfterValidator(_dotted), Rule("a dotted field path, e.g. policy.path")]],
+                           Rule("a list of dotted field paths")] = []
+    detect_secrets: Flag = True
+    entropy_limit: Num(gt=0, le=8, null="no entropy detector", when=" (bits per character)") = 4.5
+    redact_patterns: Annotated[list[Annotated[str, AfterValidator(_regex), Rule("a regular expression")]],
+                               Rule("a list of regular expressions")] = []
+    replacement: Annotated[str, Rule("a string")] = "[REDACTED]"
+    skip_statuses: Texts(choices=STATUSES, nonempty=False) = []
+
+
+# pretrain -----------------------------------------------------------------------------------------
+def _kinds() -> Any:
+    return Annotated[dict[Literal["gold", "random", "detour"], Annotated[int, Field(ge=0)]],
+                     AfterValidator(_some_kind),
+                     Rule("counts >= 0 of 'gold', 'random', 'detour' (transcripts per task), not all 0")]
+
+
+def _some_kind(v: dict) -> dict:
+    if not any(v.values()):
+        raise allowed("counts >= 0 of 'gold', 'random', 'detour' (transcripts per task), not all 0")
+    return v
+
+
+class Heldout(Section):
+    fold: Choice(("train", "dev", "test"))
+    start: Int(ge=0)
+    count: Int(ge=1)
+
+
+class Play(Section):
+    """pretrain/transcripts.GenConfig's fields (``pretrain.data.play``)."""
+
+    max_steps: Int(ge=1) = 40
+    random_steps: Int(ge=1) = 20
+    invalid_rate: Num(ge=0, le=1) = 0.2
+    max_detours: Int(ge=1) = 2
+    detour_len: Int(ge=1) = 3
+
+
+def _twx_game(v: str) -> str:
+    from .envs.textworld_express import ACTION_FORMS
+
+    if v not in ACTION_FORMS:
+        raise allowed(f"a TextWorldExpress game: {one_of(sorted(ACTION_FORMS))}")
+    return v
+
+
+class PretrainSetting(Section):
+    game: Annotated[str, AfterValidator(_twx_game), Rule("a TextWorldExpress game")]
+    params: Annotated[Optional[str], Rule("a string of game parameters, e.g. 'numLocations=3'")] = ""
+    tasks: Int(ge=1, null="every task of the fold") = None
+
+
+class PretrainData(Section):
+    dir: Text()
+    folds: Texts(choices=("train", "dev", "test")) = ["train", "test"]
+    heldout: Part(Heldout, "{fold, start, count}")
+    kinds: _kinds() = {"gold": 1, "random": 1, "detour": 2}
+    heldout_kinds: _kinds() = {"gold": 1, "random": 1, "detour": 2}
+    max_tasks_per_setting: Int(ge=1, null="every task") = None
+    only_games: Texts(null="every setting") = None
+    shard_tasks: Int(ge=1) = 250
+    workers: Int(ge=1, null="1") = 1
+    play: Part(Play, "{max_steps, random_steps, invalid_rate, max_detours, detour_len}") = Field(default_factory=Play)
+    settings: Annotated[list[PretrainSetting], Field(min_length=1),
+                        Rule("a non-empty list of {game, params, tasks}")]
+
+    @model_validator(mode="after")
+    def _settings(self):
+        seen, bad = set(), []
+        for i, s in enumerate(self.settings):
+            key = f"{s.game}:{s.params or ''}"
+            if key in seen:
+                bad.append((f"settings.{i}", f"listed once ({key} is listed twice)"))
+            seen.add(key)
+        if self.only_games and not any(s.game in self.only_games for s in self.settings):
+            bad.append(("only_games", "games of pretrain.data.settings (no setting left)"))
+        if bad:
+            raise problem(*bad)
+        return self
+
+
+class PretrainTokenizer(Section):
+    vocab_size: Int(ge=1)
+    min_frequency: Int(ge=1) = 2
+    sample_transcripts: Int(ge=1, null="every transcript") = None
+
+
+class PretrainTrain(Section):
+    seq_len: Int(ge=1, when=" (packed block length)")
+    batch_size: Int(ge=1) = 8
+    grad_accum: Int(ge=1) = 1
+    lr: Num(gt=0) = 1e-3
+    scheduler: Choice(scheduler_types(), what=f"a transformers SchedulerType (transformers "
+                                              f"{version('transformers')})") = "cosine"
+    warmup_ratio: Num(ge=0, le=1) = 0.0
+    weight_decay: Num(ge=0) = 0.0
+    adam_beta2: Num(gt=0, lt=1) = 0.999
+    max_grad_norm: Num(gt=0) = 1.0
+    epochs: Num(gt=0) = 1
+    max_steps: Int(ge=1, null="the epochs decide") = None
+    logging_steps: Int(ge=1) = 25
+    save_steps: Int(ge=1) = 200
+    save_total_limit: Int(ge=1, null="keep every checkpoint") = None
+    bf16: Flag = False
+    use_cpu: Flag = True
+
+
+class Probes(Section):
+    every: Int(ge=0, when=" (0: only at the end)") = 200
+    max_per_probe: Int(ge=1, null="every one") = 100
+    heldout_blocks: Int(ge=1) = 64
+    room_games: Texts() = ["mapreader"]
+    object_games: Texts() = ["twc"]
+    chunk: Int(ge=1) = 16
+
+
+class PretrainSection(Section):
+    out: Text()
+    data: Part(PretrainData, "{dir, folds, heldout, kinds, settings, ...}")
+    tokenizer: Part(PretrainTokenizer, "{vocab_size, min_frequency, sample_transcripts}")
+    arch: Part(Arch, "{hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings}")
+    train: Part(PretrainTrain, "{seq_len, batch_size, lr, ...}")
+    probes: Part(Probes, "{every, max_per_probe, heldout_blocks, room_games, object_games, chunk}") = Field(default_factory=Probes)
+
+    @model_validator(mode="after")
+    def _context(self):
+        if self.train.seq_len > self.arch.max_position_embeddings:
+            raise problem(("train.seq_len", f"at most pretrain.arch.max_position_embeddings="
+                                            f"{self.arch.max_position_embeddings}"))
+        return self
+
+
+# the root -----------------------------------------------------------------------------------------
+class Config(Section):
+    """The whole composed config (configs/config.yaml and its groups), validated."""
+
+    unknown = "not a section of the config"
+    run_name: Text()
+    seed: Int(ge=0, le=SEED_MAX) = 0
+    trust_remote_code: Flag = False
+    paths: Part(Paths, "the run's folders")
+    runtime: Part(Runtime, "{train_threads, rollout_threads}") = Field(default_factory=Runtime)
+    experts: Part(Experts, "{source}") = Field(default_factory=Experts)
+    wandb: Part(Wandb, "{enabled, mode, project}") = Field(default_factory=Wandb)
+    env: Part(EnvSection, "an environment section (configs/env)")
+    model: Part(ModelSection, "a model section (configs/model)")
+    bc: Part(BCSection, "SFTConfig arguments under TRL's names (configs/bc)") = Field(default_factory=BCSection)
+    rollout: Part(RolloutSection, "rollout settings (configs/rollout)") = Field(default_factory=RolloutSection)
+    eval: Part(EvalSection, "{policy, tag, splits, rollout}")
+    eto: Part(ETOSection, "the ETO loop (configs/eto)") = Field(default_factory=ETOSection)
+    pretrain: Part(PretrainSection, "pretraining (configs/pretrain)") = None
+    prompt: Part(PromptSection, "a prompt profile (configs/prompt)") = Field(default_factory=PromptSection)
+    compare: Part(CompareSection, "{variants, control, control_of, splits, bootstrap}") = Field(default_factory=CompareSection)
+    reading: Part(ReadingSection, "{split, policies, permutations, alpha}") = None
+    export: Part(ExportSection, "{inputs, output, format, ...}") = None
+
+    @model_validator(mode="after")
+    def _across(self):
+        bad = []
+        ctx = self.model.max_context
+        for key, r in (("rollout", self.rollout), ("eval.rollout", self.eval.rollout),
+                       ("eto.explore.rollout", self.eto.explore.rollout)):
+            new = r.generation.max_new_tokens
+            if (key == "rollout" or "max_new_tokens" in r.generation.model_fields_set) and new >= ctx:
+                bad.append((f"{key}.generation.max_new_tokens", f"an integer in [1, model.max_context={ctx}) (the "
+                                                                "prompt gets the rest of the context)"))
+        dev, tests = self.eto.dev_split, list(self.eval.splits)
+        if dev is not None and dev in tests:
+            bad.append(("eto.dev_split", f"= is one of eval.splits={render(tests)}: model selection must not look at "
+                                         "a test split (use a dev split held out of training, env.dev_holdout)"))
+        if self.pretrain is not None:
+            seeds = _pretrain_seeds_error(self)
+            if seeds:
+                bad.append(("pretrain.data.heldout", "!: " + seeds))
+        if bad:
+            raise problem(*bad)
+        return self
+
+    def with_values(self, values: dict[str, Any]) -> "Config":
+        """A new validated Config with ``values`` (dotted keys: ``{"eto.pairs.contrast": "step"}``) set."""
+        data = self.model_dump(mode="python", exclude_unset=True)
+        for key, value in values.items():
+            node, parts = data, key.split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = value
+        return load(data)
+
+    def __reduce__(self):  # the class of a validated Config depends on its env model: rebuilt by load
+        return load, (self.model_dump(mode="python", exclude_unset=True),)
+
+
+def _pretrain_seeds_error(cfg: Config) -> str | None:
+    """pretrain_seeds' complaint about ``pretrain.data.heldout`` against the TextWorldExpress splits
+    pretraining must avoid (the run's env when it is twx, else configs/env/twx.yaml), or None."""
+    from .pretrain.transcripts import pretrain_seeds
+
+    if cfg.env.name == "twx":
+        splits = cfg.env.plain()["splits"]
+    else:
+        from omegaconf import OmegaConf
+
+        from .layout import CONFIGS
+
+        twx = CONFIGS / "env" / "twx.yaml"
+        if not twx.is_file():
+            return None
+        splits = OmegaConf.to_container(OmegaConf.load(twx), resolve=True)["splits"]
+    data = cfg.pretrain.data
+    try:
+        pretrain_seeds(splits, data.heldout.plain(), list(data.folds))
+    except (ValueError, KeyError) as exc:
+        return str(exc).removeprefix("pretrain.data.heldout: ")
+    return None
+
+
+# -- load: the composed config validated, every error at once -----------------------------------------
+_IGNORED = ("hydra", "bench")  # Hydra's own node; the benchmark script's section (not a stage's)
+
+
+def _env_model(env: Any) -> tuple[type[EnvSection], str | None]:
+    """The model of the env section (the adapter's ``Config``), and an error line for env.name /
+    env.adapter when the adapter cannot be found."""
+    if not isinstance(env, dict):
+        return EnvSection, None
+    from .envs import registry
+
+    name, adapter = env.get("name"), env.get("adapter")
+    try:
+        return registry.config_model(name, adapter) or _AnyEnv, None
+    except registry.UnknownEnvironment:
+        return _AnyEnv, f"env.name={render(name)}: {one_of(registry.names())}"
+    except (ImportError, ValueError) as exc:
+        key = "env.adapter" if adapter else "env.name"
+        return _AnyEnv, f"{key}={render(adapter or name)}: an importable adapter ({exc})"
+
+
+@functools.lru_cache(maxsize=None)
+def _config_class(env_model: type[EnvSection]) -> type[Config]:
+    """Config with ``env`` typed as ``env_model`` (one validation, errors at their dotted keys)."""
+    if env_model is EnvSection:
+        return Config
+    return create_model("Config", __base__=Config, __module__=__name__,
+                        env=(Part(env_model, "an environment section (configs/env)"), ...))
+
+
+def _resolve(cfg) -> tuple[dict, dict, dict[str, str]]:
+    """(resolved tree, raw tree, {key: error} of the interpolations that do not resolve)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True), raw, {}
+    except Exception:  # noqa: BLE001 - find the keys that do not resolve, one line each
+        pass
+    bad: dict[str, str] = {}
+
+    def walk(node, prefix: str):
+        keys = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
+        out = [] if isinstance(node, ListConfig) else {}
+        for k in keys:
+            key = f"{prefix}{k}"
+            try:
+                child = node[k]
+            except Exception as exc:  # noqa: BLE001 - an interpolation that does not resolve is a bad value
+                bad[key] = f"does not resolve ({str(exc).splitlines()[0]})"
+                child = None
+            value = walk(child, key + ".") if isinstance(child, (DictConfig, ListConfig)) else child
+            out.append(value) if isinstance(out, list) else out.__setitem__(k, value)
+        return out
+
+    return walk(cfg, ""), raw, bad
+
+
+def _lookup(data: Any, path: list) -> Any:
+    for part in path:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return _MISSING
+    return data
+
+
+_MISSING = object()
+
+
+def _data_path(data: Any, loc: tuple, missing: bool = False) -> list:
+    """The parts of a pydantic error location that are keys of the data (not union tags); a
+    ``missing`` error's last part is the key the data lacks."""
+    path = []
+    for i, part in enumerate(loc):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+            path.append(part)
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+            path.append(part)
+        elif missing and i == len(loc) - 1:
+            path.append(part)
+    return path
+
+
+def _unwrap(t: Any) -> tuple[Any, list]:
+    """(the type under Annotated / Optional, the Annotated metadata met on the way)."""
+    metas: list = []
+    while True:
+        if typing.get_origin(t) is Annotated:
+            metas.extend(t.__metadata__)
+            t = t.__origin__
+            continue
+        if typing.get_origin(t) in (Union, types.UnionType):
+            args = [a for a in typing.get_args(t) if a is not type(None)]
+            if len(args) == 1:
+                t = args[0]
+                continue
+        return t, metas
+
+
+def _step(t: Any, part: Any) -> tuple[Any, list] | None:
+    """The type (and metadata) one key below ``t``."""
+    t, _ = _unwrap(t)
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        f = t.model_fields.get(part) if isinstance(part, str) else None
+        if f is None:
+            return None
+        inner, metas = _unwrap(f.annotation)
+        return f.annotation, list(f.metadata) + metas
+    origin = typing.get_origin(t)
+    if origin in (list, tuple) and isinstance(part, int):
+        return _unwrap(typing.get_args(t)[0])[0], _unwrap(typing.get_args(t)[0])[1]
+    if origin is dict:
+        arg = typing.get_args(t)[1]
+        return arg, _unwrap(arg)[1]
+    if origin in (Union, types.UnionType):
+        for member in typing.get_args(t):
+            found = _step(member, part)
+            if found is not None:
+                return found
+    return None
+
+
+def _rule_of(metas: list) -> str | None:
+    return next((m.text for m in reversed(metas) if isinstance(m, Rule)), None)
+
+
+def _section_of(root: type, path: list) -> tuple[type | None, int]:
+    """The model class holding the last key of ``path``, and the depth of that model."""
+    t, model, depth = root, root, 0
+    for i, part in enumerate(path[:-1], 1):
+        found = _step(t, part)
+        if found is None:
+            break
+        t = found[0]
+        inner = _unwrap(t)[0]
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            model, depth = inner, i
+    return model, depth
+
+
+def _rule_path(root: type, path: list) -> tuple[int, str | None]:
+    """The depth and text of the deepest :class:`Rule` along ``path``."""
+    t, best = root, (len(path), None)
+    for i, part in enumerate(path, 1):
+        found = _step(t, part)
+        if found is None:
+            break
+        t, metas = found
+        text = _rule_of(metas)
+        if text is not None:
+            best = (i, text)
+    return best
+
+
+def _dotted_key(path: list) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _lines(exc: ValidationError, root: type, data: dict) -> list[tuple[str, str]]:
+    """(key, line) for each error of the validation."""
+    out: list[tuple[str, str]] = []
+
+    def add(path: list, text: str, section: list) -> None:
+        key = _dotted_key(path)
+        value = _lookup(data, path)
+        text = text.replace("{section}", _dotted_key(section))
+        if text.startswith("!"):  # a line of its own words after the key
+            out.append((key, key + text[1:]))
+        elif text.startswith("="):  # after key=value
+            out.append((key, f"{key}={render(value)}{text[1:]}"))
+        elif value == "???":
+            out.append((key, f"{key}=???: required, not set ({text})"))
+        else:
+            out.append((key, f"{key}={'<missing>' if value is _MISSING else render(value)}: {text}"))
+
+    for e in exc.errors():
+        path = _data_path(data, e["loc"], missing=e["type"] == "missing")
+        ctx = e.get("ctx") or {}
+        if e["type"] == "config" and "lines" in ctx:
+            for rel, text in ctx["lines"]:
+                add(path + [int(p) if p.isdigit() else p for p in rel.split(".") if rel], text, path)
+            continue
+        if e["type"] == "extra_forbidden":
+            model, depth = _section_of(root, path)
+            names = ", ".join(sorted(model.model_fields)) if model else ""
+            add(path, (model.unknown if model and model.unknown else
+                       f"not a key of {_dotted_key(path[:-1]) or 'the config'}: one of {names}"), path[:depth])
+            continue
+        depth, rule = _rule_path(root, path)
+        model, mdepth = _section_of(root, path[:depth])
+        text = ctx["allowed"] if "allowed" in ctx and _lookup(data, path) != "???" else rule or e["msg"]
+        add(path if "allowed" in ctx else path[:depth], text, path[:mdepth])
+    return out
+
+
+def _key_lines(data: dict) -> list[tuple[str, str]]:
+    """The TRL key check of bc and eto.dpo, for a config whose validation failed: a section with a
+    bad value skips its cross-key rules, but an unknown key is named with the bad values."""
+    out = []
+    for key, model in (("bc", BCSection), ("eto.dpo", DPOSection)):
+        section = _lookup(data, key.split("."))
+        if isinstance(section, dict):
+            extra = {k: v for k, v in section.items() if k not in model.model_fields}
+            for k, text in trl_key_problems(model.kind, extra):
+                out.append((f"{key}.{k}", f"{key}.{k}={render(extra[k])}: {text.replace('{section}', key)}"))
+    return out
+
+
+def errors_of(cfg: Any) -> list[str]:
+    """Every bad value of ``cfg`` (a composed Hydra config, a plain dict), one line each; [] when valid."""
+    try:
+        load(cfg)
+    except ConfigError as exc:
+        return list(exc.lines)
+    return []
+
+
+def load(cfg: Any) -> Config:
+    """The composed config (a DictConfig or a plain dict; its interpolations resolved, Hydra's
+    own node dropped) validated once; a :class:`ConfigError` names every bad value."""
+    from omegaconf import OmegaConf
+
+    if isinstance(cfg, Config):
+        return cfg
+    node = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    data, raw, unresolved = _resolve(node)
+    for k in _IGNORED:
+        data.pop(k, None)
+        raw.pop(k, None)
+    env_model, env_error = _env_model(data.get("env"))
+    cls = _config_class(env_model)
+    lines: list[tuple[str, str]] = [(k, f"{k}={render(_lookup(raw, k.split('.')))}: {why}")
+                                    for k, why in unresolved.items()]
+    if env_error:
+        lines.append(("env.name", env_error))
+    try:
+        result = cls.model_validate(data)
+    except ValidationError as exc:
+        lines += [(k, line) for k, line in _lines(exc, cls, data) + _key_lines(data)
+                  if not any(k == u or k.startswith(u + ".") for u in unresolved)
+                  and not (env_error and k == "env.name")]
+        result = None
+    if not lines:
+        return result
+    raise ConfigError(_unique(lines, raw))
+
+
+def _unique(lines: list[tuple[str, str]], raw: dict) -> list[str]:
+    """One line per key; none for a key that is ``${other}`` when ``other`` has one (the default
+    compare.splits is ${eval.splits}: one bad value, one line)."""
+    seen: dict[str, str] = {}
+    for key, line in lines:
+        seen.setdefault(key, line)
+    out = []
+    for key, line in seen.items():
+        m = re.fullmatch(r"\$\{([\w.]+)\}", str(_lookup(raw, key.split("."))))
+        if m and m.group(1) in seen:
+            continue
+        out.append(line)
+    return out
+
+
+def typed(cfg: Any) -> Config:
+    """``cfg`` as a validated :class:`Config`: itself when it is one, else :func:`load` (a stage
+    function called directly with a DictConfig, by a test or a script)."""
+    return cfg if isinstance(cfg, Config) else load(cfg)
+
