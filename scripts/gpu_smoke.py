@@ -521,9 +521,8 @@ def main(argv=None) -> int:
         _free()
         return record(name, res)
 
-    import gpu_smoke_env  # noqa: F401 - registers env.name smoke_text
-
-    env_cfg = {"name": "smoke_text", "n_tasks": max(o.rows) + 64, "max_steps": 6 if o.gpu else 3,
+    env_cfg = {"name": "smoke_text", "adapter": "gpu_smoke_env:SmokeTextEnv",  # scripts/ is on sys.path
+               "n_tasks": max(o.rows) + 64, "max_steps": 6 if o.gpu else 3,
                "path_len": 4 if o.gpu else 2}
     base = o.out / f"model_{size}"
     data: dict = {}

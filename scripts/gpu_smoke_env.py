@@ -1,6 +1,6 @@
 """A tiny deterministic text game for scripts/gpu_smoke.py: no simulator, no Java.
 
-``env.name: smoke_text`` (registered on import). Each task is a walk through rooms: the
+``env.adapter: gpu_smoke_env:SmokeTextEnv`` (an adapter named by import path, envs/registry.py). Each task is a walk through rooms: the
 observation names the room, its exits and what lies there; the gold path is a fixed sequence of
 moves drawn from the task's seed, and the score is the share of it done in order. The text is
 long enough (several sentences per turn) that conversations reach a few hundred tokens, as a
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from eto_train.envs import StepResult, Task, register
+from eto_train.envs import StepResult, Task
 from eto_train.envs.base import EnvWrapper
 
 MOVES = ["go north", "go south", "go east", "go west", "open door", "take key"]
@@ -94,5 +94,3 @@ def losing_actions(env: SmokeTextEnv, task: Task) -> list[str]:
     wrong = next(m for m in MOVES if m != gold[half])
     return gold[:half] + [wrong] * (env.max_steps(task) - half)
 
-
-register("smoke_text")(SmokeTextEnv)

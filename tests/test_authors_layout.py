@@ -26,7 +26,7 @@ from eto_train.config import Pairs
 from eto_train.eto_format import AUTHORS_OFFSET, IDS_FILE, file_safe, pair_to_eto
 from eto_train.export import export_training_data
 from eto_train.records import Episode, PolicyRef, Step
-from eto_train.stages.pairs import build_pairs
+from eto_train.stages.eto.pairs import build_pairs
 from eto_train.store import write_jsonl
 
 TASK_PREFIX = "Task Description:\n"

@@ -176,7 +176,7 @@ def test_a_one_step_dpo_summary_has_the_values_trl_logged(tmp_path, tiny_model_d
 
     from eto_train.config import DPOSection
     from eto_train.model.load import load_model, load_tokenizer
-    from eto_train.stages.dpo import last_dpo_log
+    from eto_train.stages.eto.dpo import last_dpo_log
     from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
 
     tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))

@@ -34,7 +34,8 @@ import json, sys
 from pathlib import Path
 from hydra import compose, initialize_config_dir
 from eto_train.pairs import Pair
-from eto_train.stages import compare, dpo
+from eto_train.stages import compare
+from eto_train.stages.eto import dpo
 
 overrides, policy, variant_dir, out = json.loads(sys.argv[1])
 with initialize_config_dir(sys.argv[2], version_base="1.3", job_name="control"):
@@ -86,7 +87,8 @@ def _sha(path: Path) -> str:
 def setup(tmp_path_factory, tiny_model_dir, expert_episodes):
     """The trajectory variant's pairs and DPO from the tiny 'BC' policy, and an uninterrupted control."""
     from eto_train.model.load import policy_ref
-    from eto_train.stages import compare, dpo
+    from eto_train.stages import compare
+    from eto_train.stages.eto import dpo
     from eto_train.store import write_jsonl
 
     runs = tmp_path_factory.mktemp("runs")

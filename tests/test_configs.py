@@ -85,7 +85,7 @@ def test_every_experiment_composes_and_resolves(name, searchpath, monkeypatch):
     explore = plain["eto"]["explore"]["rollout"]
     assert explore["generation"]["do_sample"] is False and plain["rollout"]["generation"]["do_sample"] is False
     assert bc["bf16"] and dpo["bf16"] and not bc["use_cpu"] and not dpo["use_cpu"]
-    later = dpo["later"]  # iterations >= 2 (stages/dpo.py)
+    later = dpo["later"]  # iterations >= 2 (stages/eto/dpo.py)
     assert (dpo["beta"], later["beta"]) == (0.1, 0.5)
     if "24gb" in name:  # adapters on one GPU: LoRA everywhere, 4-bit base for QLoRA
         assert plain["model"]["lora"]["r"] == 16 and bc[batch] <= 2 and dpo[batch] == 1

@@ -256,7 +256,7 @@ def test_gold_path_replays_are_never_faulted():
 def test_faulted_episodes_never_become_pairs(sleeps):
     from eto_train.config import Pairs
     from eto_train.pairs import _pid
-    from eto_train.stages.pairs import build_pairs
+    from eto_train.stages.eto.pairs import build_pairs
 
     tasks = GoalEnv().tasks("train")
     experts = {t.task_id: expert_episode(GoalEnv(), t, PromptConfig()) for t in tasks}

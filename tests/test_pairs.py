@@ -154,7 +154,7 @@ def env_ep(env, actions, score, policy="expert"):
 def built(rule, expert, agent):
     """(pairs, stats) of the pairs stage for one expert and one explored episode."""
     from eto_train.config import Pairs
-    from eto_train.stages.pairs import build_pairs
+    from eto_train.stages.eto.pairs import build_pairs
 
     pc = Pairs(contrast="trajectory", chosen="expert", extra_turns=5, rejected_cut="expert_length", expert_reward=rule)
     return build_pairs(pc, {expert.task_id: expert}, [agent], [], seed=0)

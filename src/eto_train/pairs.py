@@ -20,7 +20,7 @@ Yifan-Song793/ETO, ``build_preference`` and ``build_preference_alfworld``): the 
 trajectory scores 1.0 in ScienceWorld and ALFWorld, and the file's ``reward`` in WebShop (and,
 beyond their three environments, the episode's own score). See :func:`pairing_reward`.
 
-The pairs file (``pairs.jsonl``, as ``stages.pairs`` writes it) is read back checked
+The pairs file (``pairs.jsonl``, as ``stages.eto.pairs`` writes it) is read back checked
 (:func:`read_pairs` / :func:`pair_from_dict` name the line and the field of a bad record), and
 :func:`check_pairs_policy` checks that the pairs were explored by the DPO reference policy.
 """

@@ -39,6 +39,7 @@ BUILTIN: dict[str, str] = {
     "alfworld": "eto_train.envs.alfworld:ALFWorldEnv",
     "webshop": "eto_train.envs.webshop:WebShopEnv",
     "openenv": "eto_train.envs.openenv:OpenEnvEnv",
+    "agentgym": "eto_train.envs.agentgym:AgentGymEnv",
 }
 
 # keys of the env section that eto-train reads itself, not passed to the adapter's constructor

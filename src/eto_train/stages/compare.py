@@ -29,7 +29,7 @@ from ..reporting import table_rows
 from ..runtime import setup_runtime, to_plain
 from ..store import write_atomic, write_json
 from ..training import recipe
-from . import dpo, explore, pairs
+from .eto import dpo, explore, pairs
 from .eto import prepare_bc
 from .evaluate import evaluate_policy
 

@@ -1,4 +1,7 @@
-"""The ETO loop: explore -> pairs -> dpo -> eval on dev, iterated up to a cap.
+"""The ETO stage: explore -> pairs -> dpo -> eval on dev, iterated up to a cap.
+
+Its steps live beside it: :mod:`.explore`, :mod:`.pairs`, :mod:`.dpo` (each called with the
+iteration, its starting policy and its folder).
 
 ``run_iteration`` is one iteration from a given policy (``run_next_iteration``, `make eto-iter`,
 continues from the latest finished one); ``run`` does behavior cloning if needed, then the
@@ -26,14 +29,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .. import layout, tracking
-from ..distributed import is_main
-from ..envs import check_playable, make_env
-from ..evaluation import comparison
-from ..config import METRICS, typed
-from ..store import write_json
-from . import bc, dpo, experts, explore, model, pairs
-from .evaluate import evaluate_policy
+from ... import layout, tracking
+from ...distributed import is_main
+from ...envs import check_playable, make_env
+from ...evaluation import comparison
+from ...config import METRICS, typed
+from ...store import write_json
+from .. import bc, experts, model
+from ..evaluate import evaluate_policy
+from . import dpo, explore, pairs
 
 
 
@@ -109,7 +113,7 @@ def _finished(stage_dir: Path) -> bool:
 def run_next_iteration(cfg) -> dict[str, Any] | None:
     """`eto-train eto-iter`: the iteration after the latest finished one, from its policy (BC's
     before any); None, with a line saying so, once ``eto.iterations`` iterations are done."""
-    from ..model.load import CheckpointError
+    from ...model.load import CheckpointError
 
     k, policy = latest_policy(cfg)
     if k >= cfg.eto.iterations:

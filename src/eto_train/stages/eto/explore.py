@@ -9,14 +9,14 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .. import layout
-from ..config import typed
-from ..experts import read_experts, usable
-from ..model.load import policy_ref
-from ..records import Episode
-from ..rollouts.loop import WorkItem
-from ..rollouts.play import Rollouts
-from ..runtime import setup_runtime
+from ... import layout
+from ...config import typed
+from ...experts import read_experts, usable
+from ...model.load import policy_ref
+from ...records import Episode
+from ...rollouts.loop import WorkItem
+from ...rollouts.play import Rollouts
+from ...runtime import setup_runtime
 
 
 def explore_tasks(rollouts: Rollouts, split: str, per_game: int | None):

@@ -8,14 +8,14 @@ from typing import Any
 
 from rich.console import Console
 
-from .. import layout
-from ..config import DPOSection, typed
-from ..distributed import world_size
-from ..manifest import Stage
-from ..model.load import policy_ref
-from ..pairs import Pair, check_pairs_policy
-from ..runtime import config_hash, setup_runtime, to_plain
-from ..training import recipe
+from ... import layout
+from ...config import DPOSection, typed
+from ...distributed import world_size
+from ...manifest import Stage
+from ...model.load import policy_ref
+from ...pairs import Pair, check_pairs_policy
+from ...runtime import config_hash, setup_runtime, to_plain
+from ...training import recipe
 
 # what the stage writes in its folder (a rerun of a finished DPO replaces exactly these, when it has its own)
 OUTPUTS = [*layout.TRAINING_OUTPUTS, layout.PAIRS_DATASET]
@@ -75,7 +75,7 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
         # pairs explored by another policy than this reference would make the DPO objective wrong
         check_pairs_policy(pairs, policy_ref(policy_path).id, source=str(layout.pairs_file(out)))
         rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
-        from ..training.dpo import dpo_arguments  # TRL: imported when a DPO trains
+        from ...training.dpo import dpo_arguments  # TRL: imported when a DPO trains
 
         args = dpo_arguments(section, layout.checkpoints(stage.work), cfg.seed)
         return recipe.DPOJob(stage.name, policy_path, rows, args, to_plain(cfg.model), cfg.trust_remote_code)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..config import Pairs, typed
-from ..experts import read_experts, usable
-from ..pairs import Pair, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
-from ..records import NOT_POLICY_FAULT, Episode
-from .. import layout, tracking
-from ..distributed import is_main
-from ..store import write_json, write_jsonl
+from ...config import Pairs, typed
+from ...experts import read_experts, usable
+from ...pairs import Pair, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
+from ...records import NOT_POLICY_FAULT, Episode
+from ... import layout, tracking
+from ...distributed import is_main
+from ...store import write_json, write_jsonl
 
 
 def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
