@@ -56,7 +56,7 @@ def agenttraj(path: Path, env_name: str, indices) -> Path:
                 {"from": "gpt", "loss": False, "value": "Ok."},
                 {"from": "human", "loss": None, "value": f"Reach goal {i}.\nstart"}]
         for t, a in enumerate(gold(i), 1):
-            conv.append({"from": "gpt", "loss": True, "value": f"Thought: on.\nAction: {a}"})
+            conv.append({"from": "gpt", "loss": True, "value": f"Action: {a}"})  # short: 6 new tokens (TOY)
             if t < 3:
                 conv.append({"from": "human", "loss": None, "value": f"step {t}"})
         rows.append({"item_id": f"{env_name}_{i}", "conversations": conv, "reward": 1.0})

@@ -99,3 +99,17 @@ def test_a_stage_through_the_console_script_from_another_folder(tmp_path):
     logs = [p.name for p in (run / "logs").iterdir()]
     assert len(logs) == 1 and logs[0].endswith("-experts")  # Hydra's job name is the stage
     assert not list(elsewhere.iterdir())  # nothing written where it was started
+
+
+def test_the_demo_stage_runs_the_stages_of_the_demo_script_in_its_order():
+    """scripts/demo.sh is the demo to read; `eto-train demo` runs its stages in one process: one list."""
+    import re
+
+    from eto_train.stages import demo
+
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    lines = re.findall(r"^eto-train ([a-z-]+) ", script, flags=re.M)
+    assert tuple(lines) == demo.STAGES
+    body = demo.run.__code__.co_names  # the stage modules it calls, in the order it calls them
+    calls = [n for n in body if n in {"experts", "model", "bc", "evaluate", "eto", "compare", "reading", "report"}]
+    assert [{"evaluate": "eval"}.get(n, n) for n in calls] == list(demo.STAGES)

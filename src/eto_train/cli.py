@@ -46,7 +46,6 @@ class StageEntry:
     help: str  # one line for `eto-train --help`
     resume: bool = True  # a rerun of the same command resumes (else it starts over)
     isolate: bool = True  # under -m, each job gets its own run folder
-    hydra: bool = True  # False: the function takes the raw arguments and runs its own stages (the demo)
 
     def function(self) -> Callable:
         if callable(self.target):
@@ -72,8 +71,8 @@ STAGES: dict[str, StageEntry] = {
                           "does each policy read its observation? first moves / takes vs chance"),
     "compare": StageEntry("eto_train.stages.compare:run",
                           "trajectory / step / mixture DPO and an SFT control from one BC, paired vs BC"),
-    "demo": StageEntry("eto_train.stages.demo:main", "scripts/demo.sh: experts -> model -> bc -> eval -> eto -> "
-                       "compare -> reading -> report.md", hydra=False),
+    "demo": StageEntry("eto_train.stages.demo:run", "scripts/demo.sh's stages in one process: experts -> model -> "
+                       "bc -> eval -> eto -> compare -> reading -> report.md"),
     "report": StageEntry(lambda cfg: _report(cfg), "rebuild a finished demo's report.md (no training, no rollouts)",
                          resume=False),
     "export": StageEntry("eto_train.stages.export:run",
@@ -248,8 +247,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: unknown stage {name!r}; the stages are: {', '.join(STAGES)}\n\n{usage()}", file=sys.stderr)
         sys.exit(2)
     entry = STAGES[name]
-    if not entry.hydra:  # a script of eto-train lines: each stage parses its own overrides
-        sys.exit(entry.function()(rest))
     _command = " ".join([PROG, name, *map(shlex.quote, rest)])
 
     from . import errors

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ALLOW_ENV = "ETO_TRAIN_ALLOW_CPU"
 CPU_LIMIT = 3e9  # parameters; gemma-3-1b (1B) still rehearses on a CPU, 7B/8B models do not
-MODEL_STAGES = ("bc", "eval", "eto-iter", "eto", "compare")  # stages that train or play a policy
+MODEL_STAGES = ("bc", "eval", "eto-iter", "eto", "compare", "demo")  # stages that train or play a policy
 _BILLIONS = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
 
 

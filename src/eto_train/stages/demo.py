@@ -1,45 +1,39 @@
-"""`eto-train demo [hydra overrides]`: runs ``scripts/demo.sh``, the demo's one home.
+"""Stage `demo` (``eto-train demo [overrides]``): the stages of ``scripts/demo.sh`` in one process.
 
-The script is the demo, top to bottom: one ``eto-train <stage>`` line per stage (experts, model,
-bc, eval, eto, compare, reading, report) with the arithmetic of its sizes. ``make demo`` runs it
-with its settings (``DEMO_ARGS`` in the script: the shipped base, 100 demonstrations per game,
-two iterations, ...); ``eto-train demo`` runs the same lines on the plain config and your
-overrides only (``DEMO_ARGS`` empty), as the stage did before the script existed.
-
-Each line is its own process: a stage that dies of a signal (a kill point, a SIGKILL) ends
-``eto-train demo`` with that signal too, so that it reads as a killed ``eto-train <stage>``; its
-exit status otherwise (0, 2 for a config or input error, 130 after a Ctrl-C) is the demo's.
+``scripts/demo.sh`` (``make demo``) is the demo to read: one ``eto-train <stage>`` line per stage
+with the arithmetic of its sizes and the demo's settings (``DEMO_ARGS``). This stage runs the same
+stages, in the same order (:data:`STAGES`; tests/test_cli.py keeps the two lists equal), on the
+plain config and your overrides only, in one Python process: the tests' toy demos then start
+Python, torch and TRL once instead of eight times (a toy demo took about 60 s as eight processes,
+20 s as one). Each stage skips what is already done, so an interrupted demo resumes where it stopped.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
+from pathlib import Path
 
-from ..layout import REPO_ROOT
+from rich.console import Console
 
-SCRIPT = REPO_ROOT / "scripts" / "demo.sh"
+from .. import layout
+from ..config import typed
+from . import bc, compare, eto, evaluate, experts, model, reading, report
+
+# the `eto-train <stage>` lines of scripts/demo.sh, in order
+STAGES = ("experts", "model", "bc", "eval", "eto", "compare", "reading", "report")
 
 
-def main(args: list[str]) -> int:
-    """Run the script with this Python and ``args``; its exit status (see the module's note on signals)."""
-    if args[:1] in (["-h"], ["--help"]):  # the script's header, then its path: read it for the stages
-        lines = SCRIPT.read_text().splitlines()[1:]
-        header = [line[2:] for line in lines[:next(i for i, x in enumerate(lines) if not x.startswith("#"))]]
-        print("\n".join([*header, "", f"The stages, one line each with their sizes: {SCRIPT}"]))
-        return 0
-    env = {**os.environ, "PY": sys.executable, "DEMO_ARGS": ""}
-    # a Ctrl-C reaches the stage itself (one line saying what was kept, exit 130); not this process
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
-    try:
-        rc = subprocess.call(["bash", str(SCRIPT), *args], env=env)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    died_of = -rc if rc < 0 else rc - 128 if rc > 128 else 0  # bash: a child killed by signal n exits 128 + n
-    if died_of and died_of != signal.SIGINT:
-        if died_of != signal.SIGKILL:  # SIGKILL has no handler to reset
-            signal.signal(died_of, signal.SIG_DFL)
-        os.kill(os.getpid(), died_of)
-    return rc
+def run(cfg) -> Path:
+    cfg = typed(cfg)
+    experts.run(cfg)   # 1. the gold path of each training task
+    model.run(cfg)     # 2. the base model (built for model=tiny, used as it is for a shipped one)
+    bc.run(cfg)        # 3. behavior cloning on the expert conversations
+    evaluate.run(cfg)  # 4. BC on eval.splits
+    eto.run(cfg)       # 5. the ETO loop: explore -> pairs -> dpo -> dev, the kept policy on eval.splits
+    compare.run(cfg)   # 6. trajectory / step / mixture and the SFT control from the same BC
+    # 7. does each policy read its observation? BC's, and the loop's kept policy (scripts/demo.sh's
+    #    ++reading.policies.eto_best=${paths.eto}/result.json)
+    policies = {**cfg.reading.policies, "eto_best": str(Path(cfg.paths.eto) / layout.RESULT)}
+    reading.run(cfg.with_values({"reading.policies": policies}))
+    path = report.run(cfg)  # 8. report.md from the run folder
+    Console(markup=False).print(f"[demo] report: {path}")
+    return path
