@@ -62,6 +62,9 @@ def should_die(idx: int, t: int) -> bool:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as AgentGym's uvicorn servers
+    # headers and body go out as separate writes: without TCP_NODELAY, Nagle's algorithm and the client's
+    # delayed ACK hold each answer ~40 ms (uvicorn sets TCP_NODELAY too)
+    disable_nagle_algorithm = True
 
     def log_message(self, *args) -> None:
         pass

@@ -110,10 +110,10 @@ def test_bc_eto_iter_eval_against_an_openenv_server(server, trained):
     assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
 
 
-def _killed_eval(server, runs: Path, tag: str):
+def _killed_eval(server, runs: Path, tag: str, *extra: str):
     """eval on `seen` while the server dies at the first step of seed 800 (seen's first task)."""
     server.kill_at("800:1")
-    cli("eval", runs, server.url, "eval.splits=[seen]", f"eval.tag={tag}", "rollout.env_retries=2")
+    cli("eval", runs, server.url, "eval.splits=[seen]", f"eval.tag={tag}", "rollout.env_retries=2", *extra)
     folder = runs / "oe" / "eval" / tag / "seen"
     episodes = [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines()]
     return _metrics(runs / "oe", tag, "seen"), episodes
@@ -131,7 +131,9 @@ def test_a_server_killed_mid_episode_is_recovered_when_it_comes_back(server, tra
 def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(server, trained):
     server.restart = False
     try:
-        m, episodes = _killed_eval(server, trained, "killed_dead")
+        # one connection attempt per instance: a dead server is named at once (the default, 3 retries with
+        # a back-off, only makes this test wait; the retries themselves are the rollout's)
+        m, episodes = _killed_eval(server, trained, "killed_dead", "env.connect_retries=0")
     finally:
         server.restart = True  # back up for what follows
     failed = [e for e in episodes if e["status"] == "environment_failure"]

@@ -127,7 +127,7 @@ def run(cfg, command: str | None = None) -> None:
     out = Path(pc["out"])
     arch, train, probe_cfg = pc["arch"], pc["train"], pc["probes"]
     seq_len = int(train["seq_len"])
-    tokens_per_step = int(train["batch_size"]) * int(train.get("grad_accum", 1)) * seq_len
+    tokens_per_step = cfg.pretrain.train.batch_size * cfg.pretrain.train.grad_accum * seq_len
     command = command or "eto-train pretrain"
     t_start = time.time()
 
@@ -155,8 +155,9 @@ def run(cfg, command: str | None = None) -> None:
                              f"of pretrain.train.seq_len={seq_len} tokens; generate more data or shorten the blocks")
         heldout = PackedBlocks(tokens / layout.HELDOUT_TOKENS, vocab, seq_len)
         held = list(read_transcripts(shard_files(cfg.pretrain.data.dir, "heldout")))
-        probes = build_probes(held, lambda msgs: render(tokenizer, msgs), probe_cfg.get("room_games", ["mapreader"]),
-                              probe_cfg.get("object_games", ["twc"]), probe_cfg.get("max_per_probe"))
+        pr = cfg.pretrain.probes
+        probes = build_probes(held, lambda msgs: render(tokenizer, msgs), pr.room_games, pr.object_games,
+                              pr.max_per_probe)
         built.update(probes=probes, parameters=sum(p.numel() for p in model.parameters()), vocab=vocab)
         console.print(f"[pretrain] Llama {built['parameters'] / 1e6:.2f}M parameters, vocabulary {vocab}; "
                       f"{len(blocks):,} blocks of {seq_len} tokens; {steps_of(len(blocks), train):,} steps x "
