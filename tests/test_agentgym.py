@@ -149,9 +149,9 @@ def test_bc_eto_iter_eval_against_an_agentgym_server(server, trained):
     assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
 
 
-def _killed_eval(server, runs: Path, tag: str):
+def _killed_eval(server, runs: Path, tag: str, *extra: str):
     server.kill_at("800:1")  # the first step of seen's first task
-    cli("eval", runs, server.url, "eval.splits=[seen]", f"eval.tag={tag}", "rollout.env_retries=2")
+    cli("eval", runs, server.url, "eval.splits=[seen]", f"eval.tag={tag}", "rollout.env_retries=2", *extra)
     folder = runs / "ag" / "eval" / tag / "seen"
     episodes = [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines()]
     return _metrics(runs / "ag", tag, "seen"), episodes
@@ -168,7 +168,8 @@ def test_a_server_killed_mid_episode_is_recovered_when_it_comes_back(server, tra
 def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(server, trained):
     server.restart = False
     try:
-        m, episodes = _killed_eval(server, trained, "killed_dead")
+        # one connection attempt per instance: the dead server is named at once (the rollout still retries)
+        m, episodes = _killed_eval(server, trained, "killed_dead", "env.retries=0")
     finally:
         server.restart = True
     failed = [e for e in episodes if e["status"] == "environment_failure"]

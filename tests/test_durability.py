@@ -92,10 +92,8 @@ def test_eval_rerun_with_a_bad_setting_fails_before_touching_the_finished_episod
     before = files(seen)
     _no_rollouts(monkeypatch)
     cfg = _compose(toy["overrides"] + ["rollout.backend=hff"])  # stage level: past the config checker
-    t0 = time.time()
-    with pytest.raises(ValueError, match=r"rollout.backend='hff'"):
+    with pytest.raises(ValueError, match=r"rollout.backend='hff'"):  # before any rollout (_no_rollouts)
         evaluate_policy(cfg, str(toy["run"] / "bc" / "model"), "bc", ["seen"], seen.parent)
-    assert time.time() - t0 < 30
     assert files(seen) == before and manifest(seen)["status"] == "done"
     assert not lock_path(seen).exists()  # released on the way out
 

@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 
 # -- the finite check on FSDP2 shards (torch.distributed.fsdp.fully_shard, gloo) ----------------------
 def _finite_check_worker(rank: int, world: int, port: int, out: str) -> None:
@@ -239,6 +241,8 @@ def test_fsdp2_rehearsal_bc_eto_iteration_eval_on_two_cpu_processes(tmp_path):
     assert json.loads((ev / "manifest.json").read_text())["data_parallel"] == {"world_size": 2,
                                                                                "played": {"0": 2, "1": 2}}
 
+
+@pytest.mark.rehearse  # ACCEL=deepspeed_zero3, the second sharding engine: make rehearse (make test runs FSDP2's)
 
 def test_zero3_rehearsal_bc_eto_iteration_on_two_cpu_processes(tmp_path):
     """bc, then one eto-iter (full-fine-tuning DPO, precomputed reference), under DeepSpeed ZeRO-3."""
