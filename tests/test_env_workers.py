@@ -239,7 +239,8 @@ def test_a_hung_worker_is_an_environment_timeout_not_a_hang():
         env = pool.env()
         env.reset(task)
         pid = env.pid
-        with pytest.raises(EnvironmentTimeout,  # the 1 s call timeout fired (no hang): the message says so match=rf"env worker 0 \(pid {pid}\) did not answer within 1 s "
+        # the 1 s call timeout fired (no hang): the message says so
+        with pytest.raises(EnvironmentTimeout, match=rf"env worker 0 \(pid {pid}\) did not answer within 1 s "
                                                      r"\(the environment's call timeout and a margin\): stopped it"):
             env.step("hang")
         assert not _wait_gone([pid], 5.0)  # stopped

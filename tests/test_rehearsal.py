@@ -31,10 +31,12 @@ FAMILY_OF = {OmegaConf.load(ROOT / "configs" / "model" / f"{f.model_config}.yaml
 
 
 def family_param(name: str):
-    """An experiment as a test case: the paper's model (Llama-2) and its LoRA profile run in `make test`;
+    """An experiment as a test case: the paper's model (Llama-2) runs in `make test` (and ALFWorld's LoRA profile);
     the same protocol on another family (Mistral, Qwen2.5: their templates are checked token by token in
     tests/test_chat_families.py) is marked `rehearse` and runs in `make rehearse` (make test: -m 'not rehearse')."""
-    return pytest.param(name, marks=[] if "llama2" in name else [pytest.mark.rehearse])
+    # ScienceWorld's LoRA profile too: ALFWorld's (alfworld_llama2_7b_lora_24gb) rehearses the LoRA path in make test
+    light = "llama2" in name and not (name.startswith("sciworld") and "lora" in name)
+    return pytest.param(name, marks=[] if light else [pytest.mark.rehearse])
 
 # Size overrides only: a few steps, a few tasks, short answers; the profiles stay the paper's.
 SIZE = [
