@@ -138,7 +138,7 @@ def test_self_pair_and_stats():
     s = pair_stats([p, trajectory_pair(EXPERT, worst)], tasks=[p.task_id, "other/1", "other/2"])
     # two pairs from one task: the other two tasks gave none (never a negative count)
     assert s["pairs"] == 2 and s["agent_lost"] == 1 and s["tasks"] == 3 and s["no_pair"] == 2
-    assert s["by_kind"] == {"trajectory": 1, "step": 0, "self": 1}
+    assert s["by_kind"] == {"trajectory": 1, "step": 0, "self": 1, "step_value": 0, "anchor": 0}
 
 
 # -- the expert's reward in the pair rule (eto.pairs.expert_reward) --------------------------------

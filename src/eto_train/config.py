@@ -52,7 +52,7 @@ from .trl_names import dpo_loss_types, save_strategies, scheduler_types, trainer
 
 __all__ = ["Config", "ConfigError", "EnvSection", "RolloutSection", "Section", "load", "typed"]
 
-CONTRASTS = ("trajectory", "step", "mixture")  # eto.pairs.contrast, compare.variants
+CONTRASTS = ("trajectory", "step", "mixture", "step_value", "anchor")  # eto.pairs.contrast, compare.variants
 CHOSEN = ("expert", "self", "both")
 REJECTED_CUTS = ("expert_length", "first_divergence")
 STEP_POSITIONS = ("all", "sample", "first_divergence")
@@ -555,6 +555,8 @@ class Pairs(Section):
     step_positions: Choice(STEP_POSITIONS) = "first_divergence"
     step_samples: Int(ge=1) = 2
     mixture_step_fraction: Num(ge=0, le=1) = 0.5
+    value_rollouts: Int(ge=1, when=" (sampled continuations per action and state, contrast=step_value)") = 4
+    value_margin: Num(ge=0, le=1) = 0.1
 
 
 def is_test_name(split: str) -> bool:
@@ -640,7 +642,7 @@ class PromptSection(Section):
 
 
 class CompareSection(Section):
-    variants: Texts(choices=CONTRASTS) = list(CONTRASTS)
+    variants: Texts(choices=CONTRASTS) = ["trajectory", "step", "mixture"]
     control: Flag = True
     control_of: Choice(CONTRASTS) = "trajectory"
     splits: Texts(what="a non-empty list of split names") = ["seen", "unseen"]

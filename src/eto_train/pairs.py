@@ -37,7 +37,7 @@ from .records import NOT_POLICY_FAULT, Episode, RecordError, context_length, to_
 from .store import read_jsonl
 
 ROLES = ("system", "user", "assistant")
-PAIR_KINDS = ("trajectory", "step", "self")
+PAIR_KINDS = ("trajectory", "step", "self", "step_value", "anchor")
 EXPERT_REWARDS = ("file", "authors")  # eto.pairs.expert_reward
 # environments where the authors' construct_preference.py fixes the gold reward at 1.0
 # (build_preference: ``if args.task == 'sciworld'``; build_preference_alfworld: sciworld or alfworld)
@@ -193,7 +193,7 @@ def pair_stats(pairs: list[Pair], tasks: Iterable[str]) -> dict[str, Any]:
     rj = [turns(p.rejected) for p in pairs] or [0]
     return {"tasks": len(tasks), "pairs": len(pairs), "agent_lost": agent_lost, "agent_won": agent_won,
             "no_pair": len(tasks - {p.task_id for p in pairs}), "by_kind": {k: sum(p.kind == k for p in pairs)
-                                                          for k in ("trajectory", "step", "self")},
+                                                          for k in PAIR_KINDS},
             "chosen_turns_mean": sum(ch) / len(ch), "rejected_turns_mean": sum(rj) / len(rj),
             "rejected_turns_max": max(rj)}
 
