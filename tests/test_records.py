@@ -26,6 +26,9 @@ def test_expert_record_carries_what_reproduction_needs(expert_episodes):
                                     "cost": float(len(ep.steps))}
     s = ep.steps[0]
     assert s.raw_output == f"Action: {s.action}" and s.valid and s.observation
+    # finish() stored each step's credit: every expert step is valid, the progress adds up to the score
+    assert all(st.credit["validity"] == 1.0 for st in ep.steps)
+    assert sum(st.credit["progress"] for st in ep.steps) == pytest.approx(ep.final_score)
 
 
 def test_to_messages_alternates_and_ends_on_an_action(expert_episodes):

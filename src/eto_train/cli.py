@@ -14,7 +14,9 @@ named by the environment variable ``ETO_TRAIN_CONFIGS``. Hydra's job name is the
 Every stage runs the same way: a Ctrl-C while Hydra starts up or during the job ends with one
 line saying what was kept and exit status 130 (:mod:`eto_train.interrupt`); under ``-m`` each
 job first gets its own run folder (:func:`eto_train.layout.isolate_sweep_job`); then the config is
-validated and typed once (:func:`eto_train.config.load`), tracking is configured (:func:`eto_train.tracking.configure`, one wandb run per stage) and the stage runs.
+validated and typed once (:func:`eto_train.config.load`), tracking is configured (:func:`eto_train.tracking.configure`, one wandb run per stage) and the stage runs;
+``eto`` and ``compare`` with ``seeds`` set run once per seed, each in ``<run>/seed<k>/``, then
+aggregate (:mod:`eto_train.seeds`).
 
 Before Hydra's run (plain overrides; not under ``-m``, ``--cfg``, ``--help``) the config is
 composed once: a bad override, and a paper-sized model on a machine without a CUDA GPU
@@ -46,6 +48,7 @@ class StageEntry:
     help: str  # one line for `eto-train --help`
     resume: bool = True  # a rerun of the same command resumes (else it starts over)
     isolate: bool = True  # under -m, each job gets its own run folder
+    seeded: str | None = None  # with `seeds`: once per seed in <run>/seed<k>/, then the aggregate's entry (seeds.py)
 
     def function(self) -> Callable:
         if callable(self.target):
@@ -66,11 +69,13 @@ STAGES: dict[str, StageEntry] = {
     "eto-iter": StageEntry("eto_train.stages.eto:run_next_iteration",
                            "one ETO iteration (explore -> pairs -> dpo -> eval on dev) from the latest policy"),
     "eto": StageEntry("eto_train.stages.eto:run",
-                      "bc if needed, then ETO iterations up to eto.iterations with early stopping; best on test"),
+                      "bc if needed, then ETO iterations up to eto.iterations with early stopping; best on test",
+                      seeded="eto"),
     "reading": StageEntry("eto_train.stages.reading:run",
                           "does each policy read its observation? first moves / takes vs chance"),
     "compare": StageEntry("eto_train.stages.compare:run",
-                          "trajectory / step / mixture DPO and an SFT control from one BC, paired vs BC"),
+                          "the DPO arms (compare.variants) and an SFT control from one BC, paired vs BC",
+                          seeded="compare"),
     "demo": StageEntry("eto_train.stages.demo:run", "scripts/demo.sh's stages in one process: experts -> model -> "
                        "bc -> eval -> eto -> compare -> reading -> report.md"),
     "report": StageEntry(lambda cfg: _report(cfg), "rebuild a finished demo's report.md (no training, no rollouts)",
@@ -139,7 +144,12 @@ def _job(entry: StageEntry, cfg) -> None:
             isolate_sweep_job(cfg)  # under -m: one run folder per job
         config = load(cfg)
         tracking.configure(cfg)  # wandb: one run per stage
-        entry.function()(config)
+        if entry.seeded and config.seeds:  # each seed's run in <run>/seed<k>/, then <run>/seeds.{json,md}
+            from .seeds import run_seeds
+
+            run_seeds(entry.seeded, entry.function(), cfg)
+        else:
+            entry.function()(config)
 
 
 # -- before Hydra's run: the config composed once, its errors, the run folder, the device ---------

@@ -586,6 +586,24 @@ class ETOSection(Section):
                                         "(eto.explore.split)"))
         return self
 
+    @model_validator(mode="after")
+    def _anchor(self):
+        """contrast=anchor pairs actions at the states several sampled episodes of a task share (no
+        extra rollouts, no expert side; ``chosen`` reads as for every contrast: expert|both build
+        the contrast's pairs, self|both the whole-episode self pairs). A do_sample left to
+        rollout.generation is checked in Config._across, where both are seen."""
+        if self.pairs.contrast != "anchor":
+            return self
+        bad, why = [], "with eto.pairs.contrast=anchor (anchor states are the states several samples of a task share"
+        if self.explore.samples < 2:
+            bad.append(("explore.samples", f"an integer >= 2 {why})"))
+        gen = self.explore.rollout.generation
+        if "do_sample" in gen.model_fields_set and not gen.do_sample:
+            bad.append(("explore.rollout.generation.do_sample", f"true {why}: greedy samples are one episode)"))
+        if bad:
+            raise problem(*bad)
+        return self
+
 
 # prompt, compare, reading, export -------------------------------------------------------------------
 class Turn(Section):
@@ -641,17 +659,54 @@ class PromptSection(Section):
         return PromptConfig(**self.model_dump(mode="python"))
 
 
+RESERVED_ARMS = ("bc", "control")  # compare's own policies: not an arm's name
+# compare.arms' default: the study's DPO arms, each a set of eto overrides (configs/config.yaml sets them)
+ARMS = {"trajectory": {"pairs": {"contrast": "trajectory"}}, "step": {"pairs": {"contrast": "step"}},
+        "mixture": {"pairs": {"contrast": "mixture"}}}
+
+
+def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged in, key by key into nested mappings (an arm's eto overrides)."""
+    out = dict(base)
+    for k, v in overrides.items():
+        out[k] = merge_overrides(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def dotted_overrides(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Nested overrides as dotted keys under ``prefix`` (for :meth:`Config.with_values`):
+    ``{pairs: {contrast: step}}`` -> ``{"eto.pairs.contrast": "step"}``."""
+    out: dict[str, Any] = {}
+    for k, v in overrides.items():
+        if isinstance(v, dict) and v:
+            out.update(dotted_overrides(v, f"{prefix}.{k}"))
+        else:
+            out[f"{prefix}.{k}"] = v
+    return out
+
+
 class CompareSection(Section):
-    variants: Texts(choices=CONTRASTS) = ["trajectory", "step", "mixture"]
+    arms: Annotated[dict[Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")], dict[str, Any]],
+                    Field(min_length=1),
+                    Rule("a mapping of arm name (letters, digits, _ or -) -> eto overrides, e.g. "
+                         "{step: {pairs: {contrast: step}}}")] = Field(default_factory=lambda: dict(ARMS))
+    variants: Texts(what="a non-empty list of arm names (compare.arms)") = ["trajectory", "step", "mixture"]
     control: Flag = True
-    control_of: Choice(CONTRASTS) = "trajectory"
+    control_of: Text(what="an arm name (one of compare.variants)") = "trajectory"
     splits: Texts(what="a non-empty list of split names") = ["seen", "unseen"]
     bootstrap: Int(ge=1, when=" (paired bootstrap resamples)") = 2000
 
     @model_validator(mode="after")
     def _variants(self):
+        arms = list(self.arms)
+        reserved = [a for a in arms if a in RESERVED_ARMS]
+        if reserved:
+            raise problem((f"arms.{reserved[0]}", f"! is compare's own policy ({one_of(RESERVED_ARMS)}), "
+                                                  "not an arm's name"))
+        if any(v not in self.arms for v in self.variants):
+            raise problem(("variants", f"a non-empty list, each entry {one_of(arms)} (the arms in compare.arms)"))
         if len(set(self.variants)) < len(self.variants):
-            raise problem(("variants", f"each contrast once ({one_of(CONTRASTS)})"))
+            raise problem(("variants", f"each contrast once: every arm of compare.arms at most once ({one_of(arms)})"))
         if self.control and self.control_of not in self.variants:
             raise problem(("control_of", f"= is not one of compare.variants={render(self.variants)}: with "
                                          "compare.control=true it names the variant whose chosen side and optimizer "
@@ -819,12 +874,22 @@ class PretrainSection(Section):
 
 
 # the root -----------------------------------------------------------------------------------------
+def _unique_seeds(v: list[int]) -> list[int]:
+    if len(set(v)) < len(v):
+        raise allowed(f"distinct integers in [0, {SEED_MAX}]: each seed once (each has its own run folder)")
+    return v
+
+
 class Config(Section):
     """The whole composed config (configs/config.yaml and its groups), validated."""
 
     unknown = "not a section of the config"
     run_name: Text()
     seed: Int(ge=0, le=SEED_MAX) = 0
+    seeds: Annotated[Optional[Annotated[list[Annotated[int, Field(ge=0, le=SEED_MAX)]], Field(min_length=1),
+                                        AfterValidator(_unique_seeds)]],
+                     Rule(f"a non-empty list of distinct integers in [0, {SEED_MAX}] (eto and compare run once per "
+                          "seed, runs/<run>/seed<k>/), or null (one run at seed)")] = None
     trust_remote_code: Flag = False
     paths: Part(Paths, "the run's folders")
     runtime: Part(Runtime, "{train_threads, rollout_threads}") = Field(default_factory=Runtime)
@@ -838,7 +903,7 @@ class Config(Section):
     eto: Part(ETOSection, "the ETO loop (configs/eto)") = Field(default_factory=ETOSection)
     pretrain: Part(PretrainSection, "pretraining (configs/pretrain)") = None
     prompt: Part(PromptSection, "a prompt profile (configs/prompt)") = Field(default_factory=PromptSection)
-    compare: Part(CompareSection, "{variants, control, control_of, splits, bootstrap}") = Field(default_factory=CompareSection)
+    compare: Part(CompareSection, "{arms, variants, control, control_of, splits, bootstrap}") = Field(default_factory=CompareSection)
     reading: Part(ReadingSection, "{split, policies, permutations, alpha}") = None
     export: Part(ExportSection, "{inputs, output, format, ...}") = None
 
@@ -856,6 +921,19 @@ class Config(Section):
         if dev is not None and dev in tests:
             bad.append(("eto.dev_split", f"= is one of eval.splits={render(tests)}: model selection must not look at "
                                          "a test split (use a dev split held out of training, env.dev_holdout)"))
+        gen = self.eto.explore.rollout.generation  # over rollout.generation, as RolloutSection.merged
+        if self.eto.pairs.contrast == "anchor" and "do_sample" not in gen.model_fields_set \
+                and not self.rollout.generation.do_sample:
+            bad.append(("rollout.generation.do_sample", "= (eto.explore.rollout.generation.do_sample unset): true in "
+                                                        "either with eto.pairs.contrast=anchor (anchor states are the "
+                                                        "states several samples of a task share: greedy samples are "
+                                                        "one episode)"))
+        for name, arm in self.compare.arms.items():  # each arm's eto section, as its run will validate it
+            try:
+                ETOSection.model_validate(merge_overrides(self.eto.model_dump(mode="python", exclude_unset=True), arm))
+            except ValidationError as exc:
+                merged = merge_overrides(self.eto.model_dump(mode="python", exclude_unset=True), arm)
+                bad += [(f"compare.arms.{name}.{k}", "!" + line[len(k):]) for k, line in _lines(exc, ETOSection, merged)]
         if self.pretrain is not None:
             seeds = _pretrain_seeds_error(self)
             if seeds:

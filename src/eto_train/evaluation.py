@@ -9,29 +9,24 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from .credit import action_key, loop_marks, rates
 from .records import NOT_POLICY_FAULT, Episode
 from .stats import wilson_ci
 
 
 def has_loop(ep: Episode, repeats: int = 3) -> bool:
-    """The agent repeated itself: one action ``repeats`` times in a row, or an A-B-A-B-A-B cycle."""
-    acts = [s.action or s.raw_output for s in ep.steps]
-    for i in range(len(acts) - repeats + 1):
-        if len(set(acts[i:i + repeats])) == 1:
-            return True
-    for i in range(len(acts) - 2 * repeats + 1):
-        window = acts[i:i + 2 * repeats]
-        if window[0] != window[1] and window[0::2] == [window[0]] * repeats and window[1::2] == [window[1]] * repeats:
-            return True
-    return False
+    """The agent repeated itself: one action ``repeats`` times in a row, or an A-B-A-B-A-B cycle
+    (some step closes a loop: ``credit.loop_marks``)."""
+    return any(loop_marks([action_key(s) for s in ep.steps], repeats))
 
 
 def summarize(episodes: list[Episode]) -> dict[str, Any]:
+    """Success, score and the behaviour rates (``credit.rates``: invalid, loop, redundant,
+    premature stop) over the policy-accountable episodes, with the failures counted apart."""
     scored = [e for e in episodes if e.status not in NOT_POLICY_FAULT]
     n = len(scored)
     k = sum(e.success for e in scored)
     lo, hi = wilson_ci(k, n)
-    steps = [s for e in scored for s in e.steps]
     return {
         "episodes": len(episodes),
         "scored_episodes": n,
@@ -39,9 +34,8 @@ def summarize(episodes: list[Episode]) -> dict[str, Any]:
         "success_rate": k / n if n else 0.0,
         "success_ci95": [lo, hi],
         "mean_score": sum(e.final_score for e in scored) / n if n else 0.0,
-        "invalid_action_rate": sum(not s.valid for s in steps) / len(steps) if steps else 0.0,
         "mean_steps": sum(e.num_steps for e in scored) / n if n else 0.0,
-        "loop_rate": sum(has_loop(e) for e in scored) / n if n else 0.0,
+        **rates(episodes),  # invalid_action_rate, loop_rate, redundant_action_rate, premature_stop_rate
         "max_steps_rate": sum(e.status == "max_steps" for e in scored) / n if n else 0.0,
         "environment_failures": sum(e.status == "environment_failure" for e in episodes),
         "environment_errors": sum(len(e.env_errors) for e in episodes),  # failed env calls, recovered or not
@@ -65,7 +59,9 @@ def metrics_table(title: str, results: dict[str, dict[str, Any]]):
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("split", "game", "n", "success [95% CI]", "score", "invalid", "steps", "loops", "env fail"):
+    # redund.: redundant-action rate, early: premature-stop rate (credit.rates); short to fit 120 columns
+    for col in ("split", "game", "n", "success [95% CI]", "score", "invalid", "steps", "loops", "redund.", "early",
+                "env fail"):
         t.add_column(col, justify="right" if col not in ("split", "game") else "left", no_wrap=True)
     for split, res in results.items():
         rows = list(res["per_game"].items()) + [("ALL", res["overall"])]
@@ -75,6 +71,7 @@ def metrics_table(title: str, results: dict[str, dict[str, Any]]):
                       f"{100 * m['success_rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]",
                       f"{m['mean_score']:.3f}", f"{100 * m['invalid_action_rate']:.1f}%",
                       f"{m['mean_steps']:.1f}", f"{100 * m['loop_rate']:.1f}%",
+                      f"{100 * m['redundant_action_rate']:.1f}%", f"{100 * m['premature_stop_rate']:.1f}%",
                       str(m["environment_failures"]))
     return t
 
@@ -85,6 +82,14 @@ def outcomes(path) -> dict[str, tuple[str, bool]]:
     from .store import read_episodes
 
     return {e.task_id: (e.game, e.success) for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
+
+
+def behaviour(path) -> dict[str, float]:
+    """The behaviour rates of an episodes file beside success (``credit.rates``): invalid_action_rate,
+    loop_rate, redundant_action_rate, premature_stop_rate over the policy-accountable episodes."""
+    from .store import read_episodes
+
+    return rates(read_episodes(path))
 
 
 def successes(path) -> dict[str, bool]:

@@ -15,6 +15,7 @@ methods here, so no stage spells a folder name of its own. The tree (README's "R
     <run>/reading/<split>.json           RunLayout.reading(split)
     <run>/report.{json,md}               REPORT, with ITERATION_PLOT
     <run>/logs/                          LOGS
+    <run>/seed<k>/  <run>/seeds.{json,md}  with ``seeds``: each seed's whole run (seed_run), and their aggregate
     <run>/cache/<kind>/<hash>/           RunLayout.cache(kind, key): finished work reused by content
     <stage>/manifest.json                manifest(stage_dir): every stage's record (MANIFEST)
 
@@ -66,6 +67,7 @@ RESULT = "result.json"        # the ETO loop's result
 EVAL = "eval"                 # <run>/eval/<tag>/, <iteration>/eval/, <compare>/eval/<policy>/
 EXPLORE = "explore"           # an iteration's (or a contrast variant's) exploration
 EXPLORE_STEP = "explore_step"  # ... and its step-level continuations (eto.pairs.contrast: step, mixture)
+EXPLORE_VALUE = "explore_value"  # ... and its sampled continuations that value steps (contrast: step_value)
 PAIRS_DIR = "pairs"
 DPO = "dpo"
 CONTROL = "control"           # compare's SFT control, in <compare>/
@@ -74,6 +76,8 @@ READING = "reading"           # <run>/reading/<split>.json
 REPORT = "report"             # the demo's report: <run>/report.json, report.md and ITERATION_PLOT
 ITERATION_PLOT = "success_vs_iteration.png"
 LOGS = "logs"                 # <run>/logs/: every command's log (cli.py)
+SEEDS = "seeds"               # with `seeds`: <run>/seeds.{json,md}, the seeds aggregated (seeds.py); runs in SEED_RUN
+SEED_RUN = "seed{seed}"       # seed k's own run folder, <run>/seed<k>/ (its own base: experts, model, BC, cache)
 # pretraining (<pretrain>/): tokens/ (TOKENIZER, TRAIN_TOKENS, HELDOUT_TOKENS), then model/ + PROBES, PROGRESS
 TOKENS = "tokens"
 TOKENIZER = "tokenizer"
@@ -140,6 +144,10 @@ def explore_step_dir(out: Path) -> Path:
     return out / EXPLORE_STEP
 
 
+def explore_value_dir(out: Path) -> Path:
+    return out / EXPLORE_VALUE
+
+
 def pairs_file(out: Path) -> Path:
     return out / PAIRS_DIR / PAIRS
 
@@ -160,6 +168,16 @@ def evaluations(out: Path) -> Path:
 def compare_file(out: Path, suffix: str) -> Path:
     """Compare's result in ``out``: ``compare.json``, ``compare.md``, ``compare.png``."""
     return out / f"{COMPARE}{suffix}"
+
+
+def seed_run(folder: str | Path, seed: int) -> Path:
+    """Seed ``seed``'s folder inside a run (or base) folder, with ``seeds``: ``<folder>/seed<k>``."""
+    return Path(folder) / SEED_RUN.format(seed=seed)
+
+
+def seeds_file(run: str | Path, suffix: str) -> Path:
+    """The seeds' aggregate in the run folder: ``seeds.json``, ``seeds.md``."""
+    return Path(run) / f"{SEEDS}{suffix}"
 
 
 def manifest(stage_dir: str | Path) -> Path:

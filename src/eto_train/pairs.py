@@ -10,6 +10,10 @@ Step level (paper App. B): with the expert's first t-1 steps fixed, the policy a
 t to the end; when its final reward is below the expert's, its action at t is rejected against
 the expert's a_t, both conditioned on the instruction and the expert prefix.
 
+Anchor states (``contrast=anchor``, beyond the paper): where several samples of one task share
+their whole history, the best action taken there (by the mean final score of its episodes)
+is chosen against the worst, one action in its context, no expert side (:func:`anchor_pairs`).
+
 Episodes whose status says the policy was not at fault (environment, orchestrator or
 evaluator failures) never become negatives.
 
@@ -33,7 +37,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable
 
-from .records import NOT_POLICY_FAULT, Episode, RecordError, context_length, to_messages
+from .credit import action_key  # what an action is compared by (one home: credit.py)
+from .records import NOT_POLICY_FAULT, Episode, RecordError, Step, context_length, to_messages
 from .store import read_jsonl
 
 ROLES = ("system", "user", "assistant")
@@ -48,7 +53,7 @@ AUTHORS_GOLD_ONE = ("sciworld", "alfworld")
 class Pair:
     pair_id: str
     task_id: str
-    kind: str  # "trajectory", "step" or "self"
+    kind: str  # one of PAIR_KINDS
     step: int | None  # step-level: the 0-based index t of the contrasted action
     chosen_policy: str
     rejected_policy: str
@@ -166,15 +171,161 @@ def step_pair(expert: Episode, continuation: Episode, t: int) -> Pair | None:
         return None
     if [s.action for s in continuation.steps[:t]] != [s.action for s in expert.steps[:t]]:
         raise ValueError(f"{expert.task_id}: continuation does not start with the expert's first {t} actions")
-    prefix = to_messages(expert, max_turns=t + 1)[:-1]  # instruction + expert steps < t, ends on a user turn
-    if t == 0:
-        prefix = prefix[:context_length(expert)]
+    prefix = _step_prompt(expert, t)  # instruction + expert steps < t, ends on a user turn
     chosen = [{"role": "assistant", "content": expert.steps[t].raw_output}]
     rejected = [{"role": "assistant", "content": continuation.steps[t].raw_output}]
     return Pair(pair_id=_pid("step", continuation.episode_id, expert.episode_id, t), task_id=expert.task_id,
                 kind="step", step=t, chosen_policy=expert.policy.id, rejected_policy=continuation.policy.id,
                 chosen_score=expert.final_score, rejected_score=continuation.final_score,
                 prompt=prefix, chosen=chosen, rejected=rejected)
+
+
+def anchor_pairs(episodes: list[Episode]) -> list[Pair]:
+    """Anchor-state pairs (beyond the paper; the anchor states of GiGPO) from the episodes of one task.
+
+    A state at depth t is a whole history: the first observation and the (action, observation)
+    of steps 0..t-1, actions compared by :func:`action_key`. The episodes that reach one history
+    are grouped; each action taken there is worth the mean final score of the episodes that took
+    it. The best action (then the smallest action text) is chosen against the worst (then the
+    smallest action text) when their values differ: ties give nothing, and so does a state where
+    one action was taken. Each such state, at any depth, gives at most one pair, a single action
+    in its context as :func:`step_pair`; ``chosen_score``/``rejected_score`` are the two values.
+    Both sides are one assistant turn, the ``raw_output`` of a representative: for the chosen
+    action its best-scoring episode, for the rejected action its worst-scoring one (then the
+    lowest ``episode_id``); the prompt is the chosen representative's conversation up to the user
+    turn showing the state (the episodes sharing the history took the same actions, but their
+    raw outputs may differ). Episodes whose status is in ``NOT_POLICY_FAULT`` never count. No
+    extra rollouts: the samples of a task (``eto.explore.samples``) are the data.
+    """
+    eps = [e for e in episodes if e.status not in NOT_POLICY_FAULT and e.steps]
+    if len({e.task_id for e in eps}) > 1:
+        raise ValueError(f"anchor pairs of different tasks: {sorted({e.task_id for e in eps})}")
+    states: dict[tuple[str, ...], list[Episode]] = {}  # history -> the episodes that reached it
+    for e in eps:
+        history: tuple[str, ...] = (e.first_observation,)
+        for s in e.steps:
+            states.setdefault(history, []).append(e)
+            history += (action_key(s), s.observation)
+    out = []
+    for history, group in states.items():
+        t = (len(history) - 1) // 2
+        by_action: dict[str, list[Episode]] = {}
+        for e in group:
+            by_action.setdefault(action_key(e.steps[t]), []).append(e)
+        value = {a: sum(e.final_score for e in g) / len(g) for a, g in by_action.items()}
+        best = min(by_action, key=lambda a: (-value[a], a))
+        worst = min(by_action, key=lambda a: (value[a], a))
+        if value[best] == value[worst]:
+            continue  # one action taken, or a tie
+        chosen = min(by_action[best], key=lambda e: (-e.final_score, e.episode_id))
+        rejected = min(by_action[worst], key=lambda e: (e.final_score, e.episode_id))
+        out.append(Pair(pair_id=_pid("anchor", chosen.task_id, t, _pid(*history)), task_id=chosen.task_id,
+                        kind="anchor", step=t, chosen_policy=chosen.policy.id, rejected_policy=rejected.policy.id,
+                        chosen_score=value[best], rejected_score=value[worst],
+                        prompt=to_messages(chosen, max_turns=t + 1)[:-1],
+                        chosen=[{"role": "assistant", "content": chosen.steps[t].raw_output}],
+                        rejected=[{"role": "assistant", "content": rejected.steps[t].raw_output}]))
+    return sorted(out, key=lambda p: (p.step, p.pair_id))
+
+
+# -- step values (eto.pairs.contrast=step_value; beyond the paper, as IPR's step rewards) --------------
+VALUE_BRANCHES = ("agent", "expert")  # whose action at t a value continuation starts with
+
+
+@dataclass
+class ValueState:
+    """A state valued by Monte Carlo: the expert's first ``t`` steps on a task, where the agent
+    took ``agent.steps[t]`` (an episode whose first ``t`` actions are the expert's)."""
+
+    task_id: str
+    t: int
+    agent: Episode
+
+
+def value_parent(ep: Episode) -> dict[str, Any]:
+    """The step a value continuation belongs to (``env_params["parent"]``; {} for other episodes)."""
+    parent = ep.env_params.get("parent") or {}
+    return parent if parent.get("contrast") == "step_value" else {}
+
+
+def value_states(experts: dict[str, Episode], explored: list[Episode], continuations: list[Episode],
+                 positions: str) -> list[ValueState]:
+    """The states to value, in order, each (task, t, agent action) once. ``first_divergence``: the
+    explored episodes' first divergence from the expert (the agent's own first t actions are the
+    expert's); ``all`` / ``sample``: the App. B continuations from an expert prefix of t steps, whose
+    step t is what the policy did there. A state whose agent action is the expert's, or did not
+    parse (compared by :func:`action_key`), has nothing to value."""
+    agents = explored if positions == "first_divergence" else [c for c in continuations if not value_parent(c)]
+    out, seen = [], set()
+    for a in agents:
+        e = experts.get(a.task_id)
+        if e is None:
+            continue
+        t = first_divergence(e, a) if positions == "first_divergence" else a.env_params.get("expert_prefix", 0)
+        if t is None or t >= min(len(a.steps), len(e.steps)) or any(s.action is None for s in e.steps[:t + 1]):
+            continue  # (an imported expert step that does not parse cannot be replayed)
+        act = action_key(a.steps[t])
+        if act == e.steps[t].action or (a.task_id, t, act) in seen:
+            continue
+        seen.add((a.task_id, t, act))
+        out.append(ValueState(a.task_id, t, a))
+    return out
+
+
+def value_sides(expert: Episode, state: ValueState) -> list[tuple[str, str, tuple[str, ...], str | None, float | None]]:
+    """For the agent's and the expert's action at ``state``: (branch, the action (:func:`action_key`),
+    the actions a continuation replays, the unparsed output it replays after them (an agent output
+    that did not parse; else None), the value when it is known). An action that ends the episode
+    (done, or the step limit) needs no continuation: its value is the score recorded after it;
+    else the value is ``None`` (sampled)."""
+    t, agent = state.t, state.agent
+    limit = agent.env_params.get("max_steps", expert.env_params.get("max_steps"))
+    prefix = tuple(s.action for s in expert.steps[:t])
+    out = []
+    for branch, step in (("agent", agent.steps[t]), ("expert", expert.steps[t])):
+        ends = step.done or (limit is not None and t + 1 >= limit)
+        replay = prefix if step.action is None else prefix + (step.action,)
+        out.append((branch, action_key(step), replay, step.raw_output if step.action is None else None,
+                    step.reward if ends else None))
+    return out
+
+
+def value_scores(continuations: Iterable[Episode]) -> dict[tuple[str, int, str, str], list[float]]:
+    """(task, step, branch, action) -> the final scores of its value continuations; episodes whose
+    status says the policy was not at fault are left out."""
+    out: dict[tuple[str, int, str, str], list[float]] = {}
+    for c in continuations:
+        if (p := value_parent(c)):
+            scores = out.setdefault((c.task_id, p["step"], p["branch"], p["action"]), [])
+            if c.status not in NOT_POLICY_FAULT:
+                scores.append(c.final_score)
+    return out
+
+
+def step_value_pair(expert: Episode, agent: Episode, t: int, agent_values: list[float],
+                    expert_values: list[float], margin: float) -> Pair | None:
+    """Step-value pair: the expert's a_t against the agent's action at t (``agent.steps[t]``) in the
+    state of the expert's first t steps, when V(expert's) - V(agent's) > ``margin``, each V the mean
+    of its ``*_values`` (continuation scores). None: the same action, a side without a value (every
+    continuation an environment failure), or a difference within the margin (or the agent's better)."""
+    if len(agent.steps) <= t or len(expert.steps) <= t or agent.steps[t].action == expert.steps[t].action:
+        return None
+    if not agent_values or not expert_values:
+        return None
+    v_agent, v_expert = sum(agent_values) / len(agent_values), sum(expert_values) / len(expert_values)
+    if not v_expert - v_agent > margin:
+        return None
+    return Pair(pair_id=_pid("step_value", agent.episode_id, expert.episode_id, t), task_id=expert.task_id,
+                kind="step_value", step=t, chosen_policy=expert.policy.id, rejected_policy=agent.policy.id,
+                chosen_score=v_expert, rejected_score=v_agent, prompt=_step_prompt(expert, t),
+                chosen=[{"role": "assistant", "content": expert.steps[t].raw_output}],
+                rejected=[{"role": "assistant", "content": agent.steps[t].raw_output}])
+
+
+def _step_prompt(expert: Episode, t: int) -> list[dict[str, str]]:
+    """The instruction and the expert's steps before t, ending on the user turn that shows step t's state."""
+    prefix = to_messages(expert, max_turns=t + 1)[:-1]
+    return prefix[:context_length(expert)] if t == 0 else prefix
 
 
 def pair_stats(pairs: list[Pair], tasks: Iterable[str]) -> dict[str, Any]:

@@ -36,6 +36,9 @@ class Step:
     latency_s: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # per-step credit (credit.py: validity, progress, redundant, loop), set by Episode.finish;
+    # None on records written before it (credit.credit_of computes it for those)
+    credit: dict[str, float] | None = None
 
 
 @dataclass
@@ -83,7 +86,7 @@ class Episode:
         return len(self.steps)
 
     def finish(self, status: str, error: str | None = None) -> None:
-        """Set the terminal status and the separate reward components."""
+        """Set the terminal status, the separate reward components and each step's credit."""
         if status not in STATUSES:
             raise ValueError(f"unknown episode status {status!r}; one of {STATUSES}")
         self.status, self.error = status, error
@@ -95,6 +98,10 @@ class Episode:
             "validity": (sum(s.valid for s in self.steps) / n) if n else 0.0,
             "cost": float(n),
         }
+        from .credit import step_credit  # local: credit imports records
+
+        for s, c in zip(self.steps, step_credit(self)):
+            s.credit = c
 
     # -- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ maintained library drives multi-turn text environments in lockstep on a CPU.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,16 +37,35 @@ class WorkItem:
     """One episode to play: a task, a sample index and an optional expert prefix.
 
     With a prefix (step-level contrast, paper App. B) the expert's first actions are replayed
-    and recorded as the episode's first steps; the policy acts from there on.
+    and recorded as the episode's first steps; the policy acts from there on. A step value's
+    continuation (``eto.pairs.contrast=step_value``) names its ``parent`` and may replay an
+    ``unparsed`` output after the prefix.
     """
 
     task: Task
     sample_index: int = 0
     prefix: tuple[str, ...] = ()
+    # what the episode belongs to (step values, eto.pairs.contrast=step_value: the step, the branch
+    # agent|expert, the rollout index); recorded as the episode's env_params["parent"]. When set, the
+    # key also names the prefix's actions: prefixes of one length that differ in their last action
+    # are different episodes (the App. B continuations, without one, keep their keys)
+    parent: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # an output that did not parse, replayed after the prefix as one more step (the format checker's
+    # answer, no environment call, as in play): the agent's malformed action valued by step values
+    unparsed: str | None = None
 
     def key(self, policy_id: str, seed: int) -> str:
         tag = f"{self.sample_index}+p{len(self.prefix)}" if self.prefix else self.sample_index
+        if self.parent:
+            tag = f"{tag}+{self.parent.get('branch', '')}:{prefix_tag(self.prefix, self.unparsed)}"
         return episode_key(policy_id, self.task.task_id, tag, seed)
+
+
+def prefix_tag(prefix: tuple[str, ...], unparsed: str | None = None) -> str:
+    """A short hash of a prefix's actions and unparsed last output (a WorkItem key's part that
+    tells prefixes of one length apart)."""
+    text = "\x1f".join(prefix) + ("" if unparsed is None else "\x1e" + unparsed)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -411,10 +431,11 @@ def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode, defer: bool = Fa
         task_id=task.task_id, env=task.env, game=task.game, fold=task.fold, seed=task.seed,
         split=task.split, env_version=slot.env.version, policy=policy_ref,
         prompt_version=prompt.version, system="", opening=prompt.opening, first_user="",
-        instruction="", first_observation="", sample_index=item.sample_index)
+        instruction="", first_observation="", sample_index=item.sample_index,
+        env_params={"parent": dict(item.parent)} if item.parent else {})  # kept by a reset that fails
     slot.episode, slot.conv, slot.prompt = ep, [], prompt
     try:
-        if defer and not item.prefix:
+        if defer and not item.prefix and item.unparsed is None:
             return _Starting(slot, _Sent(slot, cfg, make_env, lambda env: env.reset_async(task),
                                          lambda env: env.reset(task)), on_episode)
         first = _call(slot, cfg, make_env, lambda env: env.reset(task))
@@ -426,6 +447,9 @@ def _reset(slot, policy_ref, prompt, cfg, make_env, on_episode, defer: bool = Fa
         for action in item.prefix:  # the expert's steps, replayed
             res = _call(slot, cfg, make_env, lambda env: env.step(action))
             _record(slot, format_action(action), action, action in (slot.valid_actions or [action]), res, 0.0, 0, 0, 0)
+        if item.unparsed is not None:
+            res = StepResult(observation=prompt.invalid_format, reward=slot.reward, done=False, success=False)
+            _record(slot, item.unparsed, None, False, res, 0.0, 0, 0, 0)
     except _RetriesExhausted as exc:
         return _env_failed(slot, exc, on_episode)
     if ep.steps and (ep.steps[-1].done or len(ep.steps) >= slot.env.max_steps(task)):
@@ -439,7 +463,8 @@ def _begin(slot, item, first, on_episode) -> bool:
     ep, task, prompt = slot.episode, item.task, slot.prompt
     try:  # what the game tells the agent (asked after the reset: a worker answers both in one go)
         ep.system = system_message(prompt, slot.env.action_forms(task.game))["content"]
-        ep.env_params = {"max_steps": slot.env.max_steps(task), "expert_prefix": len(item.prefix)}
+        ep.env_params = {"max_steps": slot.env.max_steps(task), "expert_prefix": len(item.prefix),
+                         **({"parent": dict(item.parent)} if item.parent else {})}
     except EnvironmentFailure:  # only a worker that died under a failed reset cannot say
         if not isinstance(first, _RetriesExhausted):
             raise

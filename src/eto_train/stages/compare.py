@@ -1,17 +1,24 @@
-"""Stage `compare`: trajectory vs step vs mixture contrast from one BC checkpoint, made fair.
+"""Stage `compare`: the study's DPO arms from one BC checkpoint, made fair.
 
-All variants start from the same BC policy and share one exploration (same data, same seeds).
-A control continues BC with SFT on the same chosen trajectories for the same number of
-optimizer steps and examples as one variant's DPO (``compare.control_of``, the trajectory
-variant by default), so that a gain cannot come from extra training alone; it trains by the
-bc stage's recipe (LoRA / QLoRA as configured, resumable, merged save). Every policy is
-evaluated on the same held-out seeds; each variant's difference to BC and to the control is
-reported per split, overall and per game, with a paired bootstrap 95% interval and an exact McNemar
-p-value, in a table (JSON + markdown) and a PNG chart.
+Every arm (``compare.arms``: a named set of ``eto`` overrides; ``compare.variants``: the arms
+that run) starts from the same BC policy and runs explore -> pairs -> dpo with its own settings:
+trajectory (the paper's), step (App. B), mixture, step_value (Monte-Carlo step values), anchor
+(repeated states across sampled explorations), on_policy (the policy's own best vs worst).
+Explorations with equal settings are played once (the run's content-hash cache), so the greedy
+arms share ETO iteration 1's exploration and the sampled ones theirs; each arm's rollout cost is
+recorded. A control continues BC with SFT on the same chosen trajectories for the same number of
+optimizer steps and examples as one arm's DPO (``compare.control_of``, the trajectory arm by
+default), so that a gain cannot come from extra training alone; it trains by the bc stage's
+recipe (LoRA / QLoRA as configured, resumable, merged save). Every policy is evaluated on the
+same held-out seeds; each arm's difference to BC and to the control is reported per split,
+overall and per game, with a paired bootstrap 95% interval and an exact McNemar p-value, in a
+table (JSON + markdown, with each policy's behaviour rates) and a PNG chart. Over several seeds
+(``seeds``) see :mod:`eto_train.seeds`.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import layout, tracking
-from ..config import BCSection, DPOSection, typed
+from ..config import BCSection, DPOSection, dotted_overrides, typed
 from ..distributed import grad_accum, world_size
-from ..evaluation import comparison
+from ..evaluation import behaviour, comparison
 from ..manifest import Stage
 from ..model.load import check_quantization
 from ..pairs import Pair
@@ -109,8 +116,24 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResul
     return str(layout.policy(out))
 
 
+def arm_config(cfg, name: str):
+    """The config arm ``name`` runs with: ``compare.arms.<name>``'s eto overrides applied."""
+    cfg = typed(cfg)
+    return cfg.with_values(dotted_overrides(cfg.compare.arms[name], "eto"))
+
+
+def rollout_cost(stats: dict[str, Any]) -> dict[str, int]:
+    """An arm's rollouts, from its pairs stats: episodes explored and step continuations played
+    (``episodes``), step_value's Monte-Carlo value rollouts (``value_rollouts``), and their sum
+    (``total``; the stats' ``episodes`` counts every episode pairs.run was given, the value
+    rollouts among them). What the arm costs on its own: an exploration shared with another arm
+    through the cache counts for each."""
+    total, value = int(stats.get("episodes", 0)), int(stats.get("value_rollouts", 0) or 0)
+    return {"episodes": total - value, "value_rollouts": value, "total": total}
+
+
 def run(cfg) -> dict[str, Any]:
-    cfg = typed(cfg)  # compare.control_of among compare.variants: the schema's rule
+    cfg = typed(cfg)  # compare.control_of among compare.variants, the variants among compare.arms: the schema's rules
     console = Console(width=120, markup=False)
     cc = cfg.compare
     control_of = cc.control_of
@@ -118,19 +141,27 @@ def run(cfg) -> dict[str, Any]:
     runs = layout.RunLayout.of(cfg)
     bc_policy, out = str(runs.bc_policy), runs.compare
 
-    # -- one shared exploration (with step continuations when a variant needs them) ------------
-    needs_step = any(v in ("step", "mixture") for v in cc.variants)
-    shared = cfg.with_values({"eto.pairs.contrast": "mixture" if needs_step else "trajectory"})
-    explored, continuations = explore.run(shared, 1, bc_policy, out)
-
-    # -- one DPO run per variant, all from BC --------------------------------------------------
+    # -- one DPO run per arm, all from BC, each with its own eto settings ------------------------
+    # Each arm explores in its own folder; explorations with equal settings (same policy, rollout
+    # and explore settings) are played once and copied from the run's cache (explore.run's
+    # ``share``): the greedy one is ETO iteration 1's, and the trajectory arm's DPO is then
+    # iteration 1's too (dpo.run's cache)
     policies = {"bc": bc_policy}
     steps: dict[str, int] = {}
+    cost: dict[str, dict[str, int]] = {}
     control_pairs: list[Pair] = []
+    untrained: list[str] = []  # arms that found no pair
     for v in cc.variants:
-        vcfg = cfg.with_values({"eto.pairs.contrast": v})
-        vpairs = pairs.run(vcfg, 1, explored, continuations if v != "trajectory" else [], out / v)
-        trained = dpo.run(vcfg, 1, bc_policy, vpairs, out / v)
+        vcfg, vout = arm_config(cfg, v), out / v
+        explored, continuations = explore.run(vcfg, 1, bc_policy, vout)
+        vpairs = pairs.run(vcfg, 1, explored, continuations, vout)
+        cost[v] = rollout_cost(json.loads(layout.pairs_stats(vout).read_text(encoding="utf-8")))
+        if not vpairs:  # nothing to contrast: the arm leaves BC as it is (reported as BC, 0 steps)
+            console.print(f"[compare] arm {v}: no pairs, so no DPO: the arm is BC itself")
+            policies[v], steps[v] = bc_policy, 0
+            untrained.append(v)
+            continue
+        trained = dpo.run(vcfg, 1, bc_policy, vpairs, vout)
         policies[v], steps[v] = trained.policy, trained.metrics["optimizer_steps"]
         if v == control_of:
             control_pairs, control_variant = vpairs, trained
@@ -140,13 +171,20 @@ def run(cfg) -> dict[str, Any]:
 
     # -- the same held-out seeds for every policy ------------------------------------------------
     splits = list(cc.splits)
-    results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "control_of": control_of, "splits": {}}
-    evals = {n: runs.evaluation("bc") if n == "bc" else layout.evaluations(out) / n for n in policies}
+    evals = {n: runs.evaluation("bc") if n == "bc" or n in untrained else layout.evaluations(out) / n
+             for n in policies}
+    results: dict[str, Any] = {"policies": policies, "dpo_steps": steps, "control_of": control_of,
+                               "arms": {v: cc.arms[v] for v in cc.variants}, "rollout_cost": cost,
+                               "evaluations": {n: str(p) for n, p in evals.items()}, "seed": cfg.seed,
+                               "no_pairs": untrained, "splits": {}, "behaviour": {}}
     for name, path in policies.items():  # BC's evaluation is shared with `make eto` (done once)
+        if name in untrained:
+            continue
         evaluate_policy(cfg, path, "bc" if name == "bc" else f"compare-{name}", splits, evals[name])
     for split in splits:
-        results["splits"][split] = comparison({n: layout.episodes(evals[n], split) for n in policies},
-                                              cc.bootstrap, cfg.seed)
+        files = {n: layout.episodes(evals[n], split) for n in policies}
+        results["splits"][split] = comparison(files, cc.bootstrap, cfg.seed)
+        results["behaviour"][split] = {n: behaviour(f) for n, f in files.items()}
     write_json(layout.compare_file(out, ".json"), results)
     tracking.record("compare", to_plain(cc), {s: {n: {"success_rate": r["success"], **({"vs_bc": r["vs_bc"]["diff"]}
                                                      if r.get("vs_bc") else {})} for n, r in rows.items()}
@@ -155,20 +193,36 @@ def run(cfg) -> dict[str, Any]:
     write_atomic(md, markdown(results))
     chart(results, png)
 
-    t = Table(title="contrast variants vs BC and the control (paired on the same seeds)")
+    t = Table(title="contrast arms vs BC and the control (paired on the same seeds)")
     for col in ("split", "game", "policy", "n", "success [95% CI]", "vs BC [95% CI]", "p", "vs control [95% CI]", "p"):
         t.add_column(col, no_wrap=True)
     for cells in table_rows(results["splits"]):
         t.add_row(*cells)
     console.print(t)
+    console.print("rollouts per arm: " + ", ".join(f"{v} {c['total']}" for v, c in cost.items()))
     console.print(f"-> {md}, {png}")
     return results
+
+
+BEHAVIOUR = (("invalid_action_rate", "invalid"), ("loop_rate", "loops"), ("redundant_action_rate", "redundant"),
+             ("premature_stop_rate", "premature stop"))
 
 
 def markdown(results: dict[str, Any]) -> str:
     lines = ["| split | game | policy | n | success [95% CI] | vs BC [95% CI] | McNemar p | vs control [95% CI] | McNemar p |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results["splits"])]
+    cost = results.get("rollout_cost") or {}
+    if cost:  # what each arm's data cost: the rollouts behind its pairs
+        lines += ["", "| arm | episodes explored + continuations | value rollouts | rollouts in all |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {v} | {c['episodes']} | {c['value_rollouts']} | {c['total']} |" for v, c in cost.items()]
+    beh = results.get("behaviour") or {}
+    if beh:  # how each policy fails, beside whether it succeeds (evaluation.behaviour)
+        lines += ["", "| split | policy | " + " | ".join(h for _, h in BEHAVIOUR) + " |",
+                  "| --- | --- | " + " | ".join("---" for _ in BEHAVIOUR) + " |"]
+        lines += [f"| {split} | {n} | " + " | ".join(f"{100 * r.get(k, 0.0):.1f}%" for k, _ in BEHAVIOUR) + " |"
+                  for split, rows in beh.items() for n, r in rows.items()]
     return "\n".join(lines) + "\n"
 
 

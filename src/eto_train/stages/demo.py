@@ -29,7 +29,7 @@ def run(cfg) -> Path:
     bc.run(cfg)        # 3. behavior cloning on the expert conversations
     evaluate.run(cfg)  # 4. BC on eval.splits
     eto.run(cfg)       # 5. the ETO loop: explore -> pairs -> dpo -> dev, the kept policy on eval.splits
-    compare.run(cfg)   # 6. trajectory / step / mixture and the SFT control from the same BC
+    compare.run(cfg)   # 6. the contrast arms (compare.variants) and the SFT control from the same BC, one seed
     # 7. does each policy read its observation? BC's, and the loop's kept policy (scripts/demo.sh's
     #    ++reading.policies.eto_best=${paths.eto}/result.json)
     policies = {**cfg.reading.policies, "eto_best": str(Path(cfg.paths.eto) / layout.RESULT)}

@@ -21,7 +21,7 @@ import yaml
 
 from ..config import typed
 from ..errors import writable
-from ..evaluation import comparison
+from ..evaluation import behaviour, comparison
 from ..reporting import env_failures, fault_accounts, iteration_plot, pct, table_rows
 from .. import layout
 from ..runtime import versions
@@ -45,6 +45,7 @@ def build(cfg) -> dict[str, Any]:
         rows[split] = comparison(files, n_boot, seed)
         for n, r in rows[split].items():
             r["environment_failures"] = env_failures(files[n])
+            r["behaviour"] = behaviour(files[n])  # invalid / loop / redundant / premature-stop rates
     best = f"eto best (iteration {eto['best_iteration']})"
     headline = cfg.eval.splits[0]
     verdict = None
@@ -57,9 +58,11 @@ def build(cfg) -> dict[str, Any]:
 
         verdict = {"split": headline, **beats(r), "per_game": {g: beats(x) for g, x in r["per_game"].items()}}
     reading = runs.reading(cfg.reading.split)
+    seeds = layout.seeds_file(runs.run, ".json")  # compare over several seeds (seeds=[...]), when it ran
     return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
+            "rollout_cost": cmp.get("rollout_cost", {}), "no_pairs": cmp.get("no_pairs", []),
             "splits": rows, "verdict": verdict, "reading": json.loads(reading.read_text()) if reading.exists() else None,
-            "faults": fault_accounts(runs.run)}
+            "seeds": json.loads(seeds.read_text()) if seeds.exists() else None, "faults": fault_accounts(runs.run)}
 
 
 def reading_section(rd: dict[str, Any] | None) -> list[str]:
@@ -79,6 +82,24 @@ def reading_section(rd: dict[str, Any] | None) -> list[str]:
                 out.append(f"| {tag} | {name} | {x['n']} | {x['hits']} | {x['expected']:.1f} | {x['p']:.2g} | "
                            f"{'yes' if x['p'] < rd['alpha'] else 'no'} | {choices} |")
     return out
+
+
+def behaviour_section(splits: dict[str, dict[str, Any]]) -> list[str]:
+    """Per policy, beside success: how it fails (``credit.rates``; the report's JSON has the numbers)."""
+    out = ["## How each policy fails (held-out test splits)", "",
+           "Invalid: share of steps not accepted; loop: share of episodes where one action repeats 3 times in a "
+           "row or an A-B cycle 3 times; redundant: share of steps repeating an action already taken from the "
+           "same observation; premature stop: share of episodes ended before the step limit without success "
+           "(status `failure` or `model_failure`).", "",
+           "| split | policy | success | invalid | loop | redundant | premature stop |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for split, rows in splits.items():
+        for n, r in rows.items():
+            if (b := r.get("behaviour")) is not None:
+                out.append(f"| {split} | {n} | {pct(r['success'])} | {pct(b['invalid_action_rate'])} | "
+                           f"{pct(b['loop_rate'])} | {pct(b['redundant_action_rate'])} | "
+                           f"{pct(b['premature_stop_rate'])} |")
+    return out + [""]
 
 
 def writable_place(cfg, folder: Path, what: str) -> Path:
@@ -114,9 +135,22 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
         return [str(r["environment_failures"]) if game == "all" else "-"]
 
     out += ["| " + " | ".join(cells) + " |" for cells in table_rows(rep["splits"], failures_cell)]
-    out += ["", f"`control` continues BC with SFT on the {rep['control_of']} variant's chosen side "
-            f"for the same number of optimizer steps as its DPO ({rep['compare_dpo_steps']}); trajectory/step/mixture "
-            "are single DPO iterations from BC on one shared exploration.", "", f"![variants]({compare_png})", ""]
+    out += ["", f"`control` continues BC with SFT on the {rep['control_of']} arm's chosen side "
+            f"for the same number of optimizer steps as its DPO ({rep['compare_dpo_steps']}); every other arm is one DPO "
+            "run from BC on its own pairs (docs/step_level.md)"
+            + (f"; no pairs, so BC itself: {', '.join(rep['no_pairs'])}" if rep.get("no_pairs") else "") + ".", ""]
+    if rep.get("rollout_cost"):  # what each arm's pairs cost in episodes
+        out += ["| arm | rollouts for its pairs (explored + continuations) | of which value rollouts |", "| --- | --- | --- |"]
+        out += [f"| {arm} | {c['total']} | {c['value_rollouts']} |" for arm, c in rep["rollout_cost"].items()]
+        out.append("")
+    out += [f"![arms]({compare_png})", ""]
+    if rep.get("seeds") and "compare" in rep["seeds"]:  # what holds across seeds, beside this one seed's table
+        from ..seeds import markdown as seeds_markdown
+
+        out += ["## Across seeds", "", "Each seed is a whole run (BC, explorations, DPO); the interval resamples seeds, "
+                "then tasks. A difference holds across seeds when its interval excludes 0.", "",
+                seeds_markdown({"compare": rep["seeds"]["compare"]}), ""]
+    out += behaviour_section(rep["splits"])
     v = rep["verdict"]
     if v is None:
         out.append("**Verdict:** no ETO iteration beat BC on the dev split; the best policy is BC.")

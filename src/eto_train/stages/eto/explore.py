@@ -1,7 +1,9 @@
 """Stage `explore` (ETO step 2): the current policy acts on the training tasks.
 
 Every episode is recorded with the id of the policy that produced it. For step-level contrast
-with ``step_positions`` = all | sample, the policy also plays on from expert prefixes.
+with ``step_positions`` = all | sample, the policy also plays on from expert prefixes; for
+``contrast=step_value`` it then samples continuations that value the agent's and the expert's
+action at each state (:func:`play_values`, in ``explore_value/``).
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import random
 from pathlib import Path
 
 from ... import layout
-from ...config import typed
+from ...config import RolloutSection, typed
 from ...experts import read_experts, usable
 from ...model.load import policy_ref
+from ...pairs import value_sides, value_states
 from ...records import Episode
 from ...rollouts.loop import WorkItem
 from ...rollouts.play import Rollouts
@@ -40,10 +43,14 @@ def step_positions(expert: Episode, how: str, samples: int, rng: random.Random) 
 
 def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode], list[Episode]]:
     """(episodes of the policy on the training tasks, continuations from expert prefixes), played
-    with ``rollout.*`` merged with ``eto.explore.rollout`` (exploration's own settings)."""
+    with ``rollout.*`` merged with ``eto.explore.rollout`` (exploration's own settings). With
+    ``contrast=step_value`` the continuations include the value continuations (:func:`play_values`),
+    told apart by their ``env_params["parent"]`` (``pairs.value_parent``)."""
     cfg = typed(cfg)
     setup_runtime(cfg.runtime.rollout_threads)
     ex = cfg.eto.explore
+    # step values sample: a temperature of 0 is refused here, before the exploration, not after it
+    sampled = value_settings(cfg) if cfg.eto.pairs.contrast == "step_value" else None
     ref = policy_ref(policy_path, name=f"iter{iteration - 1}" if iteration > 1 else "bc")
     rollouts = Rollouts(cfg, policy_path, ref, cfg.rollout.merged(ex.rollout))
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
@@ -53,12 +60,12 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                              extra_config={"explore": ex.plain()}, share=share)
     continuations: list[Episode] = []
     pc = cfg.eto.pairs
-    if pc.contrast in ("step", "mixture") and pc.step_positions != "first_divergence":
-        ids = {t.task_id for t in tasks}
+    ids, by_id = {t.task_id for t in tasks}, {t.task_id: t for t in tasks}
+    if pc.contrast in ("step", "mixture", "step_value"):
         experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name)
                    if e.task_id in ids and usable(e)}
+    if pc.contrast in ("step", "mixture", "step_value") and pc.step_positions != "first_divergence":
         rng = random.Random(cfg.seed + iteration)
-        by_id = {t.task_id: t for t in tasks}
         prefix_work = [WorkItem(by_id[tid], 0, tuple(s.action for s in e.steps[:t]))
                        for tid, e in sorted(experts.items())
                        for t in step_positions(e, pc.step_positions, pc.step_samples, rng)
@@ -67,4 +74,44 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                                       extra_config={"explore": ex.plain(), "positions": pc.step_positions},
                                       share=share)
     rollouts.close()  # DPO comes next: free the GPU the engine held
+    if pc.contrast == "step_value":
+        continuations = continuations + play_values(cfg, iteration, policy_path, ref, sampled, by_id, experts,
+                                                    episodes, continuations, out, share)
     return episodes, continuations
+
+
+def value_settings(cfg) -> RolloutSection:
+    """The value continuations' rollout settings: exploration's, sampling (its temperature)."""
+    return cfg.rollout.merged(cfg.eto.explore.rollout).merged(
+        RolloutSection.model_validate({"generation": {"do_sample": True}}))
+
+
+def play_values(cfg, iteration, policy_path, ref, sampled, by_id, experts, episodes, continuations, out,
+                share) -> list[Episode]:
+    """The value continuations of ``eto.pairs.contrast=step_value`` (pairs.value_states): for each
+    state, ``value_rollouts`` sampled episodes after the agent's action and as many after the
+    expert's (none for an action that ends the episode), each recorded with its parent step.
+
+    They sample (``do_sample: true``, eto.explore.rollout's temperature) even when exploration is
+    greedy. Seeded: the play seeds torch once (``seed``), and the k rollouts of one action are k rows
+    drawing from that stream, so the same config, seed, machine and batch size give the same
+    episodes; a resumed play draws the rest afresh (as any sampled play, rollouts/play.py)."""
+    pc, ex = cfg.eto.pairs, cfg.eto.explore
+    work, seen = [], set()
+    for st in value_states(experts, episodes, continuations, pc.step_positions):
+        for branch, action, prefix, unparsed, known in value_sides(experts[st.task_id], st):
+            if known is not None or (st.task_id, st.t, branch, action) in seen:
+                continue  # an action that ends the episode has its value; the expert's is shared
+            seen.add((st.task_id, st.t, branch, action))
+            work += [WorkItem(by_id[st.task_id], i, prefix, unparsed=unparsed, parent={
+                "contrast": "step_value", "step": st.t, "branch": branch, "action": action, "rollout": i})
+                for i in range(pc.value_rollouts)]
+    if not work:  # no state to value (every action the expert's, or every valued action ends the episode)
+        return []
+    values = Rollouts(cfg, policy_path, ref, sampled)
+    try:
+        return values.play(f"explore-value/iter{iteration}", layout.explore_value_dir(out), work,
+                           extra_config={"explore": ex.plain(), "positions": pc.step_positions,
+                                         "value_rollouts": pc.value_rollouts}, share=share)
+    finally:
+        values.close()

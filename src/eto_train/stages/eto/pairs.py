@@ -1,4 +1,4 @@
-"""Stage `pairs` (ETO step 3): failure/success pairs by trajectory, step, mixture or self."""
+"""Stage `pairs` (ETO step 3): failure/success pairs by trajectory, step, mixture, self or anchor state."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from rich.console import Console
 
 from ...config import Pairs, typed
 from ...experts import read_experts, usable
-from ...pairs import Pair, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
+from ...pairs import step_value_pair, value_parent, value_scores, value_sides, value_states
+from ...pairs import Pair, anchor_pairs, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
 from ...records import NOT_POLICY_FAULT, Episode
 from ... import layout, tracking
 from ...distributed import is_main
@@ -23,12 +24,15 @@ def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
     rule = pc.expert_reward  # the expert's reward as the comparisons see it
     paired = {tid: for_pairing(e, rule) for tid, e in experts.items()}
     raised = sorted(tid for tid in paired if paired[tid] is not experts[tid])  # file reward < 1 read as 1.0
-    experts = paired
+    recorded, experts = experts, paired  # step values compare environment scores: the recorded ones
     by_task: dict[str, list[Episode]] = defaultdict(list)
     for e in explored:
         by_task[e.task_id].append(e)
-    traj, step, own = [], [], []
-    if pc.chosen in ("expert", "both"):
+    traj, step, own, anchor = [], [], [], []
+    if pc.chosen in ("expert", "both"):  # the contrast's pairs (anchor: the policy's own, no expert side)
+        if pc.contrast == "anchor":  # actions where several samples of a task share the whole history
+            for tid, eps in sorted(by_task.items()):
+                anchor += anchor_pairs(eps)
         for tid, eps in sorted(by_task.items()):
             if tid not in experts:
                 continue
@@ -40,10 +44,14 @@ def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
                     t = first_divergence(experts[tid], e)
                     if t is not None and (p := step_pair(experts[tid], e, t)) is not None:
                         step.append(p)
-        for c in continuations:
+        for c in continuations if pc.contrast in ("step", "mixture") else ():
             t = c.env_params.get("expert_prefix", 0)
-            if c.task_id in experts and (p := step_pair(experts[c.task_id], c, t)) is not None:
+            if c.task_id in experts and not value_parent(c) and (p := step_pair(experts[c.task_id], c, t)) is not None:
                 step.append(p)
+    value, vstats = [], {}
+    if pc.contrast == "step_value":  # expert-side pairs (none with chosen=self); their rollouts counted either way
+        value, vstats = step_value_pairs(pc, recorded, explored, continuations)
+        value = value if pc.chosen in ("expert", "both") else []
     if pc.chosen in ("self", "both"):
         for tid, eps in sorted(by_task.items()):
             ranked = sorted((e for e in eps if e.status not in NOT_POLICY_FAULT), key=lambda e: (e.final_score, -e.num_steps, e.episode_id))
@@ -54,12 +62,32 @@ def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
         f = pc.mixture_step_fraction
         want_step = min(len(step), round(f / (1 - f) * len(traj))) if f < 1 else len(step)
         step = sorted(random.Random(seed).sample(step, want_step), key=lambda p: p.pair_id)
-    pairs = traj + step + own
+    pairs = traj + step + own + anchor + value
     stats = pair_stats(pairs, {e.task_id for e in explored})
     stats["episodes"] = len(explored) + len(continuations)
     stats["environment_failures"] = sum(e.status in NOT_POLICY_FAULT for e in explored + continuations)
     stats["expert_reward"] = {"rule": rule, "experts_read_as_1": len(raised), "examples": raised[:5]}
+    stats.update(vstats)
     return pairs, stats
+
+
+def step_value_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
+                     continuations: list[Episode]) -> tuple[list[Pair], dict]:
+    """(step-value pairs, their stats): each state of ``pairs.value_states`` valued on both sides
+    (``pairs.value_sides``: known, or the mean of its continuations' scores, ``pairs.value_scores``)."""
+    scores = value_scores(continuations)
+    out, values = [], []
+    states = value_states(experts, explored, continuations, pc.step_positions)
+    for st in states:
+        expert = experts[st.task_id]
+        v = {branch: [known] if known is not None else scores.get((st.task_id, st.t, branch, action), [])
+             for branch, action, _, _, known in value_sides(expert, st)}
+        p = step_value_pair(expert, st.agent, st.t, v["agent"], v["expert"], pc.value_margin)
+        if p is not None:
+            out.append(p)
+            values.append({"task_id": st.task_id, "step": st.t, "agent": p.rejected_score, "expert": p.chosen_score})
+    return out, {"value_states": len(states), "value_rollouts": sum(bool(value_parent(c)) for c in continuations),
+                 "values": values}
 
 
 def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:

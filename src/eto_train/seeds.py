@@ -1,0 +1,180 @@
+"""Several seeds of `eto` and `compare`: each seed's whole run in its own folder, then their aggregate.
+
+``seeds: [0, 1, 2, 3, 4]`` (root of the config; null: one run at ``seed``, as before) makes the
+cli's ``eto`` and ``compare`` stages run once per seed, each as a plain run of its own with
+``seed=k`` in ``<run>/seed<k>/`` (the run's own ``seed``: the run folder itself; :func:`seed_config`): its own experts, base model, BC, cache,
+ETO iterations and compare arms, since BC's data order, exploration sampling and DPO's order all
+follow the seed. The held-out tasks do not: the environments' splits are fixed by their
+definitions (fold, start, count; envs/holdout.py for dev), never by ``seed``, so every seed plays
+the same test tasks. Each seed's stages skip what their manifests say is done, so a rerun (or a
+killed run started again) redoes only the unfinished seeds.
+
+Then :func:`aggregate` writes ``<run>/seeds.json`` and ``seeds.md`` (one entry per stage:
+``compare`` and ``eto``). For each arm (compare's variants and control; eto's kept policy) and
+split: each seed's paired difference to BC (and to the control), as that seed's compare.json /
+result.json has it (its task-bootstrap interval included), and over seeds the mean of the
+per-seed differences with a 95% interval from a two-stage bootstrap (seeds resampled, then each
+drawn seed's tasks, paired: :func:`eto_train.stats.two_stage_bootstrap_ci`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from . import layout
+from .config import Config, load
+from .distributed import is_main
+from .evaluation import successes
+from .reporting import pct
+from .stats import two_stage_bootstrap_ci
+from .store import write_atomic, write_json
+
+LEVEL = 0.95
+RULE = ("mean over seeds of each seed's paired difference (on the tasks both policies played); 95% interval: "
+        "two-stage percentile bootstrap (seeds resampled with replacement, then each drawn seed's tasks, the same "
+        "task draw for both policies)")
+
+
+def seed_config(cfg, seed: int) -> Config:
+    """The config of seed ``seed``'s run: ``cfg`` (the composed DictConfig, interpolations
+    unresolved) with ``seed=k``, no ``seeds``, and its run and base folders moved to
+    ``<run>/seed<k>`` and ``<base>/seed<k>``; every path interpolated from them follows (experts,
+    model, bc, eval, eto, compare, cache, reading's and export's defaults). The run's own ``seed``
+    is the run itself (its folders unchanged): seeds added to a finished single run reuse it."""
+    from omegaconf import OmegaConf, open_dict
+
+    run, base = (str(OmegaConf.select(cfg, key)) for key in ("paths.run", "paths.base"))
+    node = copy.deepcopy(cfg)
+    with open_dict(node):
+        node.seed, node.seeds = seed, None
+        if seed == cfg.seed:
+            return load(node)
+        node.run_name = f"{cfg.run_name}/{layout.SEED_RUN.format(seed=seed)}"
+        node.paths.run = str(layout.seed_run(run, seed))
+        node.paths.base = str(layout.seed_run(base, seed))
+    return load(node)
+
+
+def run_seeds(stage: str, function: Callable[[Config], Any], cfg) -> dict[str, Any]:
+    """The stage (``stage``: eto | compare) once per seed of ``cfg.seeds``, then the aggregate.
+    Every seed's config is validated before the first one runs."""
+    config = load(cfg)
+    console = Console(markup=False)
+    configs = {k: seed_config(cfg, k) for k in config.seeds}
+    for i, (k, kcfg) in enumerate(configs.items(), 1):
+        console.print(f"[seeds] {stage}: seed {k} ({i} of {len(configs)}) in {kcfg.paths.run}")
+        function(kcfg)
+    result = aggregate(stage, configs, config.compare.bootstrap, config.seed)
+    if is_main():
+        write(Path(config.paths.run), stage, result)
+        console.print(markdown({stage: result}))
+        console.print(f"-> {layout.seeds_file(config.paths.run, '.json')}, {layout.seeds_file(config.paths.run, '.md')}")
+    return result
+
+
+def paired_diffs(base: dict[str, bool], other: dict[str, bool]) -> list[float]:
+    """``other`` minus ``base`` per task both played (sorted by task id), as evaluation.paired pairs them."""
+    return [float(other[t]) - float(base[t]) for t in sorted(set(base) & set(other))]
+
+
+def over_seeds(per_seed: dict[int, list[float]], n_boot: int, seed: int) -> dict[str, Any]:
+    """The seeds' mean paired difference with its two-stage bootstrap interval (seeds with no task
+    both policies played are left out, and counted)."""
+    usable = {k: d for k, d in per_seed.items() if d}
+    if not usable:
+        return {"mean": None, "ci95": None, "seeds": 0, "tasks": 0}
+    mean, lo, hi = two_stage_bootstrap_ci(list(usable.values()), n_boot, seed, LEVEL)
+    return {"mean": mean, "ci95": [lo, hi], "seeds": len(usable), "tasks": sum(map(len, usable.values()))}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) -> dict[str, Any]:
+    """``stage``'s per-seed results (each seed's compare.json or eto result.json) and their
+    intervals over seeds: ``arms -> arm -> split -> vs_bc | vs_control -> {per_seed, mean, ci95}``."""
+    # per seed: the arm -> split -> {vs -> (its row as the seed's own result has it, its outcomes)}
+    rows: dict[str, dict[str, dict[str, dict[int, tuple[dict, list[float]]]]]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+
+    def add(arm: str, split: str, vs: str, k: int, row: dict, base: Path, other: Path) -> None:
+        rows.setdefault(arm, {}).setdefault(split, {}).setdefault(vs, {})[k] = (
+            row, paired_diffs(successes(base), successes(other)))
+
+    for k, kcfg in configs.items():
+        runs = layout.RunLayout.of(kcfg)
+        if stage == "compare":
+            res = _read(layout.compare_file(runs.compare, ".json"))
+            evals = {n: Path(p) for n, p in res["evaluations"].items()}
+            for split, table in res["splits"].items():
+                for arm, r in table.items():
+                    for vs, against in (("vs_bc", "bc"), ("vs_control", "control")):
+                        if vs in r:
+                            add(arm, split, vs, k, r[vs], layout.episodes(evals[against], split),
+                                layout.episodes(evals[arm], split))
+            for arm, c in (res.get("rollout_cost") or {}).items():
+                extra.setdefault("rollout_cost", {}).setdefault(arm, {})[str(k)] = c
+        else:  # eto: the kept policy (best on dev, or the last one) against BC
+            res = _read(runs.eto_result)
+            for split, d in res["best_vs_bc"].items():
+                row = {key: v for key, v in d.items() if key != "per_game"}
+                add("eto", split, "vs_bc", k, row, layout.episodes(runs.evaluation("bc"), split),
+                    layout.episodes(Path(res["best_eval"]), split))
+            extra.setdefault("best_iteration", {})[str(k)] = res["best_iteration"]
+    arms = {arm: {split: {vs: {"per_seed": {str(k): row for k, (row, _) in per.items()},
+                               **over_seeds({k: d for k, (_, d) in per.items()}, n_boot, seed)}
+                          for vs, per in by_vs.items()}
+                  for split, by_vs in by_split.items()}
+            for arm, by_split in rows.items()}
+    return {"seeds": list(configs), "runs": {str(k): str(c.paths.run) for k, c in configs.items()},
+            "bootstrap": n_boot, "level": LEVEL, "rule": RULE, "arms": arms, **extra}
+
+
+def write(run: Path, stage: str, result: dict[str, Any]) -> None:
+    """``<run>/seeds.json`` (this stage's entry replaced, the other stage's kept) and ``seeds.md``."""
+    path = layout.seeds_file(run, ".json")
+    try:
+        every = _read(path) if path.exists() else {}
+    except ValueError:  # a damaged aggregate: it is rebuilt from the seeds' own results
+        every = {}
+    every[stage] = result
+    write_json(path, every)
+    write_atomic(layout.seeds_file(run, ".md"), markdown(every))
+
+
+def _cell(d: dict[str, Any] | None, seeds: list[str]) -> tuple[str, str]:
+    if not d:
+        return "-", "-"
+    per = ", ".join(f"s{k} {pct(d['per_seed'][k]['diff'], signed=True)}" if k in d["per_seed"] else f"s{k} -"
+                    for k in seeds)
+    mean = "-" if d["mean"] is None else pct(d["mean"], d["ci95"], signed=True)
+    return per, mean
+
+
+def markdown(every: dict[str, dict[str, Any]]) -> str:
+    """The seeds' tables, one per stage: arm, split, the per-seed differences and their mean
+    [95% CI], against BC and (compare) against the control."""
+    lines: list[str] = []
+    for stage, res in every.items():
+        seeds = [str(k) for k in res["seeds"]]
+        lines += [f"## {stage}: seeds {', '.join(seeds)}", "", f"{res['rule']}; {res['bootstrap']} resamples.", "",
+                  "| arm | split | vs BC per seed | vs BC mean [95% CI] | vs control per seed | vs control mean [95% CI] |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for arm, by_split in res["arms"].items():
+            for split, d in by_split.items():
+                lines.append("| " + " | ".join([arm, split, *_cell(d.get("vs_bc"), seeds),
+                                                *_cell(d.get("vs_control"), seeds)]) + " |")
+        if res.get("rollout_cost"):
+            lines += ["", "| arm | rollouts per seed |", "| --- | --- |"]
+            lines += [f"| {arm} | " + ", ".join(f"s{k} {c[k]['total']}" for k in seeds if k in c) + " |"
+                      for arm, c in res["rollout_cost"].items()]
+        if res.get("best_iteration"):
+            lines += ["", "kept iteration per seed: " + ", ".join(f"s{k} {v}" for k, v in res["best_iteration"].items())]
+        lines.append("")
+    return "\n".join(lines)
