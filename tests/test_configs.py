@@ -261,3 +261,26 @@ def test_makefile_launches_through_accelerate_above_one_gpu(target):
     assert "--config_file configs/accelerate/deepspeed_zero3.yaml" in four and four.endswith(
         f"-m eto_train.cli {target} experiment=x")
     assert "configs/accelerate/fsdp.yaml" in recipe("N_GPUS=2")
+
+
+def test_the_contrast_study_is_its_rule_and_the_demo_setting():
+    """experiment=contrast_study is the rule of docs/experiments.md: the demo's setting from the
+    shipped base, five seeds, every arm, both 400-episode test splits."""
+    from eto_train.config import load
+
+    cfg = load(compose(["experiment=contrast_study"]))
+    assert cfg.seeds == [0, 1, 2, 3, 4] and cfg.run_name == "contrast_study"
+    assert cfg.compare.variants == ["trajectory", "step", "step_value", "anchor", "mixture", "on_policy"]
+    assert cfg.compare.control and cfg.compare.control_of == "trajectory" and cfg.compare.bootstrap == 2000
+    assert cfg.compare.splits == ["test_seen", "test_unseen"]
+    for split in cfg.compare.splits:  # 200 seeds per game x 2 games = 400 episodes
+        assert cfg.env.splits[split].count == 200 and len(cfg.env.games) == 2
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    for setting in ("model=twx_base", "env.splits.train.count=100", "bc.learning_rate=1e-3"):
+        assert setting in demo  # the demo's setting ...
+    assert cfg.model.name == compose(["model=twx_base"]).model.name  # ... is the study's
+    assert cfg.env.splits["train"].count == 100 and cfg.bc.learning_rate == 1e-3
+    arms = cfg.compare.arms
+    assert arms["anchor"]["explore"]["samples"] == arms["on_policy"]["explore"]["samples"] == 4
+    assert cfg.eto.pairs.value_rollouts == 4 and cfg.eto.pairs.value_margin == 0.1
+    assert cfg.eto.dpo.beta == 0.1 and cfg.eto.dpo.learning_rate == 1e-5
