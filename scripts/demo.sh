@@ -62,17 +62,19 @@ eto-train eval "$@"
 eto-train eto "$@"
 
 # 6. The contrast arms from the same BC (compare.arms), on two seeds: trajectory (iteration 1's
-#    pairs and DPO, reused from runs/demo/cache), step (App. B: the policy's action at its first
-#    divergence against the expert's), step_value (Monte-Carlo values: 4 sampled continuations after
-#    the agent's and after the expert's action at that state, a pair when the expert's is worth more
-#    by 0.1) and anchor (4 sampled episodes per task, 200 x 4 = 800; best against worst action where
-#    their histories agree), a DPO of each as in 5, and an SFT control that continues BC on the
-#    trajectory pairs' chosen sides for as many optimizer steps as their DPO took; each plays seen
-#    (100 episodes), paired with BC (2000 bootstrap resamples). seeds=[0,1]: seed 0 is this run,
-#    seed 1 a whole second run in runs/demo/seed1 (its own BC: data order, sampling and DPO order
-#    follow the seed); two seeds show whether a difference survives a reseed (the study uses five,
-#    docs/experiments.md) -> runs/demo/compare/compare.md, runs/demo/seeds.md
-eto-train compare seeds=[0,1] 'compare.variants=[trajectory,step,step_value,anchor]' "$@"
+#    pairs and DPO, reused from runs/demo/cache) and two step-level arms: step_value (Monte-Carlo
+#    values at the policy's first divergence from the expert: 2 sampled continuations after its
+#    action and 2 after the expert's, a pair when the expert's is worth more by 0.1) and anchor
+#    (2 sampled episodes on the first 50 training tasks of each game; best against worst action
+#    where their histories agree); a DPO of each as in 5, and an SFT control that continues BC on
+#    the trajectory pairs' chosen sides for as many optimizer steps as their DPO took; each plays
+#    seen (100 episodes), paired with BC (2000 bootstrap resamples). Smaller than the study (4
+#    continuations, 4 samples on every task, five seeds, every arm: experiment=contrast_study) to
+#    stay in minutes. seeds=[0,1]: seed 0 is this run, seed 1 a whole second run in
+#    runs/demo/seed1 (its own BC: data order, sampling and DPO order follow the seed): whether a
+#    difference survives a reseed -> runs/demo/compare/compare.md, runs/demo/seeds.md
+eto-train compare seeds=[0,1] 'compare.variants=[trajectory,step_value,anchor]' eto.pairs.value_rollouts=2 \
+  compare.arms.anchor.explore.samples=2 compare.arms.anchor.explore.tasks_per_game=50 "$@"
 
 # 7. Does each policy read its observation (ETO's precondition)? BC's and, when an iteration beat
 #    BC on dev, the kept policy's seen episodes (already played): the first mapreader move and the

@@ -135,9 +135,11 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
         return [str(r["environment_failures"]) if game == "all" else "-"]
 
     out += ["| " + " | ".join(cells) + " |" for cells in table_rows(rep["splits"], failures_cell)]
+    steps = rep["compare_dpo_steps"]
     out += ["", f"`control` continues BC with SFT on the {rep['control_of']} arm's chosen side "
-            f"for the same number of optimizer steps as its DPO ({rep['compare_dpo_steps']}); every other arm is one DPO "
-            "run from BC on its own pairs (docs/step_level.md)"
+            f"for the same number of optimizer steps as its DPO ({steps.get(rep['control_of'], '-')}); every other arm is "
+            "one DPO run from BC on its own pairs (docs/step_level.md; DPO steps: "
+            + ", ".join(f"{arm} {n}" for arm, n in steps.items()) + ")"
             + (f"; no pairs, so BC itself: {', '.join(rep['no_pairs'])}" if rep.get("no_pairs") else "") + ".", ""]
     if rep.get("rollout_cost"):  # what each arm's pairs cost in episodes
         out += ["| arm | rollouts for its pairs (explored + continuations) | of which value rollouts |", "| --- | --- | --- |"]
@@ -149,7 +151,7 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
 
         out += ["## Across seeds", "", "Each seed is a whole run (BC, explorations, DPO); the interval resamples seeds, "
                 "then tasks. A difference holds across seeds when its interval excludes 0.", "",
-                seeds_markdown({"compare": rep["seeds"]["compare"]}), ""]
+                seeds_markdown({"compare": rep["seeds"]["compare"]}).replace("## ", "### "), ""]
     out += behaviour_section(rep["splits"])
     v = rep["verdict"]
     if v is None:
