@@ -74,7 +74,7 @@ eto-train eto "$@"
 #    runs/demo/seed1 (its own BC: data order, sampling and DPO order follow the seed): whether a
 #    difference survives a reseed -> runs/demo/compare/compare.md, runs/demo/seeds.md
 eto-train compare seeds=[0,1] 'compare.variants=[trajectory,step_value,anchor]' eto.pairs.value_rollouts=2 \
-  compare.arms.anchor.explore.samples=2 compare.arms.anchor.explore.tasks_per_game=50 "$@"
+  compare.arms.anchor.explore.samples=2 +compare.arms.anchor.explore.tasks_per_game=50 "$@"
 
 # 7. Does each policy read its observation (ETO's precondition)? BC's and, when an iteration beat
 #    BC on dev, the kept policy's seen episodes (already played): the first mapreader move and the
