@@ -113,3 +113,32 @@ def test_the_demo_stage_runs_the_stages_of_the_demo_script_in_its_order():
     body = demo.run.__code__.co_names  # the stage modules it calls, in the order it calls them
     calls = [n for n in body if n in {"experts", "model", "bc", "evaluate", "eto", "compare", "reading", "report"}]
     assert [{"evaluate": "eval"}.get(n, n) for n in calls] == list(demo.STAGES)
+
+
+def test_every_line_of_the_demo_script_composes_and_validates(tmp_path):
+    """Each `eto-train <stage> ...` line of scripts/demo.sh, with its DEMO_ARGS, as bash passes it:
+    a bad override on the sixth line must not wait for five stages to show (run with a stand-in
+    python that records its arguments)."""
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.config import load
+
+    record = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {record}\necho >> {record}\n')
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh")], env={**os.environ, "PY": str(fake)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    calls = [shlex.split(line) for line in record.read_text().splitlines()]
+    from eto_train.stages import demo
+
+    assert [c[2] for c in calls] == list(demo.STAGES)  # -m eto_train.cli <stage> <overrides>
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="demo_lines"):
+        configs = {c[2]: load(compose("config", overrides=c[3:])) for c in calls}
+    assert {cfg.run_name for cfg in configs.values()} == {"demo"}
+    cfg = configs["compare"]
+    assert cfg.seeds == [0, 1] and cfg.compare.variants == ["trajectory", "step_value", "anchor"]
+    assert cfg.compare.arms["anchor"]["explore"]["tasks_per_game"] == 50
