@@ -58,7 +58,7 @@ def test_reading_and_report_run_on_a_read_only_finished_run(finished, tmp_path, 
     assert proc.stdout.strip().endswith(str(where / "report.md"))
     md = (where / "report.md").read_text()
     assert md.splitlines()[0] == (run / "report.md").read_text().splitlines()[0] == "# ETO demo report: run `toy`"
-    assert f"![variants]({run}/compare/compare.png)" in md  # a link that still reaches the run folder
+    assert f"![arms]({run}/compare/compare.png)" in md  # a link that still reaches the run folder
     assert json.loads((where / "report.json").read_text()) == json.loads((run / "report.json").read_text())
     assert (where / "success_vs_iteration.png").read_bytes()[:4] == b"\x89PNG"
     assert _tree(run) == before  # no lock file, no log folder, no metrics rewritten
