@@ -14,8 +14,8 @@ import pytest
 
 from eto_train.envs import EnvironmentFailure, EnvironmentTimeout
 from eto_train.envs.agentgym import AgentGymEnv
-from test_openenv import BC_STEPS, Server
-from test_pipeline import ROOT, TOY
+from served_env import ServedRun
+from test_openenv import Server
 
 SERVER = Path(__file__).resolve().parent / "agentgym_server.py"
 
@@ -113,14 +113,8 @@ def server(tmp_path_factory):
     s.stop()
 
 
-def cli(stage: str, runs: Path, url: str, *extra: str):
-    import subprocess
-
-    cmd = [sys.executable, "-m", "eto_train.cli", stage, f"paths.runs={runs}", "run_name=ag", "env=agentgym",
-           "env.env_name=sciworld", f"env.url={url}", *TOY, BC_STEPS, *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{stage}: " + proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+AG = ServedRun("ag", "env=agentgym", "env.env_name=sciworld")
+cli = AG.cli
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +127,6 @@ def trained(server, tmp_path_factory):
     return runs
 
 
-def _metrics(run: Path, tag: str, split: str) -> dict:
-    return json.loads((run / "eval" / tag / split / "metrics.json").read_text())
-
-
 def test_bc_eto_iter_eval_against_an_agentgym_server(server, trained):
     cli("eto-iter", trained, server.url, "eto.explore.rollout.generation.do_sample=true",
         "eto.explore.rollout.generation.temperature=5.0")
@@ -145,21 +135,13 @@ def test_bc_eto_iter_eval_against_an_agentgym_server(server, trained):
     experts = [json.loads(line) for line in (run / "experts" / "train.jsonl").read_text().splitlines()]
     assert sorted(e["task_id"] for e in experts) == [f"sciworld_{i}" for i in range(4)]  # AgentTraj ids bound
     assert json.loads((run / "eto" / "iter1" / "dpo" / "manifest.json").read_text())["status"] == "done"
-    m = _metrics(run, "bc", "seen")
+    m = AG.metrics(trained, "bc", "seen")
     assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
-
-
-def _killed_eval(server, runs: Path, tag: str, *extra: str):
-    server.kill_at("800:1")  # the first step of seen's first task
-    cli("eval", runs, server.url, "eval.splits=[seen]", f"eval.tag={tag}", "rollout.env_retries=2", *extra)
-    folder = runs / "ag" / "eval" / tag / "seen"
-    episodes = [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines()]
-    return _metrics(runs / "ag", tag, "seen"), episodes
 
 
 def test_a_server_killed_mid_episode_is_recovered_when_it_comes_back(server, trained):
     before = len(server.exits)
-    m, episodes = _killed_eval(server, trained, "killed_back")
+    m, episodes = AG.killed_eval(server, trained, "killed_back")
     assert server.exits[before:] == [17]
     assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
     assert m["overall"]["environment_errors"] >= 1 and m["overall"]["recovered_episodes"] >= 1
@@ -169,7 +151,7 @@ def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(serv
     server.restart = False
     try:
         # one connection attempt per instance: the dead server is named at once (the rollout still retries)
-        m, episodes = _killed_eval(server, trained, "killed_dead", "env.retries=0")
+        m, episodes = AG.killed_eval(server, trained, "killed_dead", "env.retries=0")
     finally:
         server.restart = True
     failed = [e for e in episodes if e["status"] == "environment_failure"]

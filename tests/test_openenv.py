@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from test_pipeline import ROOT, TOY
+from served_env import ServedRun
 
 SERVER = Path(__file__).resolve().parent / "openenv_server.py"
-BC_STEPS = "bc.max_steps=150"  # the tiny model then writes "Action: go": its episodes step the server
 
 
 def free_port() -> int:
@@ -84,16 +83,8 @@ def trained(server, tmp_path_factory):
     return runs
 
 
-def cli(stage: str, runs: Path, url: str, *extra: str) -> dict:
-    cmd = [sys.executable, "-m", "eto_train.cli", stage, f"paths.runs={runs}", "run_name=oe", "env=openenv",
-           f"env.url={url}", *TOY, BC_STEPS, *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{stage}: " + proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def _metrics(run: Path, tag: str, split: str) -> dict:
-    return json.loads((run / "eval" / tag / split / "metrics.json").read_text())
+OE = ServedRun("oe", "env=openenv")
+cli = OE.cli
 
 
 def test_bc_eto_iter_eval_against_an_openenv_server(server, trained):
@@ -106,22 +97,13 @@ def test_bc_eto_iter_eval_against_an_openenv_server(server, trained):
     assert len(experts) == 4 and all(e["status"] == "success" and e["env"] == "openenv" for e in experts)
     assert experts[0]["env_version"].startswith("openenv-core ")
     assert json.loads((run / "eto" / "iter1" / "dpo" / "manifest.json").read_text())["status"] == "done"
-    m = _metrics(run, "bc", "seen")
+    m = OE.metrics(trained, "bc", "seen")
     assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
-
-
-def _killed_eval(server, runs: Path, tag: str, *extra: str):
-    """eval on `seen` while the server dies at the first step of seed 800 (seen's first task)."""
-    server.kill_at("800:1")
-    cli("eval", runs, server.url, "eval.splits=[seen]", f"eval.tag={tag}", "rollout.env_retries=2", *extra)
-    folder = runs / "oe" / "eval" / tag / "seen"
-    episodes = [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines()]
-    return _metrics(runs / "oe", tag, "seen"), episodes
 
 
 def test_a_server_killed_mid_episode_is_recovered_when_it_comes_back(server, trained):
     before = len(server.exits)
-    m, episodes = _killed_eval(server, trained, "killed_back")
+    m, episodes = OE.killed_eval(server, trained, "killed_back")
     assert server.exits[before:] == [17]  # it died once, mid-episode, and came back
     assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
     assert m["overall"]["environment_errors"] >= 1 and m["overall"]["recovered_episodes"] >= 1
@@ -133,7 +115,7 @@ def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(serv
     try:
         # one connection attempt per instance: a dead server is named at once (the default, 3 retries with
         # a back-off, only makes this test wait; the retries themselves are the rollout's)
-        m, episodes = _killed_eval(server, trained, "killed_dead", "env.connect_retries=0")
+        m, episodes = OE.killed_eval(server, trained, "killed_dead", "env.connect_retries=0")
     finally:
         server.restart = True  # back up for what follows
     failed = [e for e in episodes if e["status"] == "environment_failure"]
