@@ -53,3 +53,21 @@ def test_metrics_table_shows_the_behaviour_rates_beside_success(expert_episodes)
     t = metrics_table("t", {"train": res})
     assert [c.header for c in t.columns][5:10] == ["invalid", "steps", "loops", "redund.", "early"]
     assert list(t.columns[9].cells)[-1] == "0.0%"
+
+
+def test_same_episodes_counts_the_tasks_played_with_exactly_the_same_actions(tmp_path, expert_episodes):
+    from eto_train.evaluation import same_episodes
+
+    a, b, c = (copy.deepcopy(expert_episodes[i]) for i in range(3))
+    changed = copy.deepcopy(b)
+    changed.steps[-1].action = "look around"  # one action differs: not the same episode
+    shorter = copy.deepcopy(c)
+    shorter.steps = shorter.steps[:-1]        # a prefix of the same actions: not the same episode either
+    crashed = copy.deepcopy(a)
+    crashed.status = "environment_failure"    # not the policy's: left out, as success leaves it out
+    append_episodes(tmp_path / "base.jsonl", [a, b, c])
+    append_episodes(tmp_path / "other.jsonl", [changed, shorter])
+    append_episodes(tmp_path / "same.jsonl", [crashed, copy.deepcopy(b), copy.deepcopy(c)])
+    assert same_episodes(tmp_path / "base.jsonl", tmp_path / "other.jsonl") == {"same": 0, "tasks": 2, "rate": 0.0}
+    assert same_episodes(tmp_path / "base.jsonl", tmp_path / "same.jsonl") == {"same": 2, "tasks": 2, "rate": 1.0}
+    assert same_episodes(tmp_path / "base.jsonl", tmp_path / "base.jsonl")["rate"] == 1.0

@@ -207,8 +207,21 @@ def test_compare_with_two_seeds_runs_each_in_its_folder_and_aggregates_them(tmp_
                 assert row["mean"] == pytest.approx(sum(r["diff"] for r in row["per_seed"].values()) / 2)
                 assert row["ci95"][0] <= row["mean"] <= row["ci95"][1] and row["seeds"] == 2
     assert agg["rollout_cost"]["trajectory"] == {str(k): per_seed[k]["rollout_cost"]["trajectory"] for k in (0, 1)}
+    # what each arm trained on, and how each policy played, per seed
+    for k in (0, 1):
+        folder = run if k == 0 else run / f"seed{k}"
+        for arm in ("trajectory", "step"):
+            stats = json.loads((folder / "compare" / arm / "pairs" / "stats.json").read_text())
+            assert agg["training"][arm][str(k)] == {"pairs": stats["pairs"], "dpo_steps": per_seed[k]["dpo_steps"][arm]}
+        for split in ("seen", "unseen"):
+            for name in ("bc", "trajectory", "step", "control"):
+                play = agg["play"][name][split][str(k)]
+                assert play["success"] == per_seed[k]["splits"][split][name]["success"]
+                assert play["loop_rate"] == per_seed[k]["behaviour"][split][name]["loop_rate"]
+                assert ("same_as_bc" in play) == (name != "bc") and 0.0 <= play.get("same_as_bc", 0.0) <= 1.0
     md = (run / "seeds.md").read_text()
     assert "## compare: seeds 0, 1" in md and "| trajectory | seen | s0 " in md and "| control | unseen |" in md
+    assert "| arm | rollouts per seed | pairs per seed | DPO steps per seed |" in md and "| bc | seen | " in md
 
     before = {p: p.read_bytes() for p in (run / "seeds.json", run / "seed1" / "compare" / "step" / "dpo" / "manifest.json")}
     again = _cli(tmp_path, "seeds=[0,1]", "compare.variants=[trajectory,step]")

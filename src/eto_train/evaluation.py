@@ -84,12 +84,34 @@ def outcomes(path) -> dict[str, tuple[str, bool]]:
     return {e.task_id: (e.game, e.success) for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
 
 
+# the behaviour rates as reports head them
+BEHAVIOUR = (("invalid_action_rate", "invalid"), ("loop_rate", "loops"), ("redundant_action_rate", "redundant"),
+             ("premature_stop_rate", "premature stop"))
+
+
 def behaviour(path) -> dict[str, float]:
     """The behaviour rates of an episodes file beside success (``credit.rates``): invalid_action_rate,
     loop_rate, redundant_action_rate, premature_stop_rate over the policy-accountable episodes."""
     from .store import read_episodes
 
     return rates(read_episodes(path))
+
+
+def same_episodes(base, other) -> dict[str, Any]:
+    """How far a policy moved from another on the same tasks: the share of the tasks both played
+    (policy-accountable episodes) on which its actions (``credit.action_key``, in order) are the
+    other's exactly. A trained policy that plays every task as its start did cannot differ from it
+    in success; this separates "training changed nothing" from "it changed play, not outcomes"."""
+    from .store import read_episodes
+
+    def actions(path) -> dict[str, tuple[str, ...]]:
+        return {e.task_id: tuple(action_key(s) for s in e.steps)
+                for e in read_episodes(path) if e.status not in NOT_POLICY_FAULT}
+
+    a, b = actions(base), actions(other)
+    common = sorted(set(a) & set(b))
+    same = sum(a[t] == b[t] for t in common)
+    return {"same": same, "tasks": len(common), "rate": same / len(common) if common else None}
 
 
 def successes(path) -> dict[str, bool]:

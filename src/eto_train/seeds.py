@@ -29,7 +29,7 @@ from rich.console import Console
 from . import layout
 from .config import Config, load
 from .distributed import is_main
-from .evaluation import successes
+from .evaluation import BEHAVIOUR, same_episodes, successes
 from .reporting import pct
 from .stats import two_stage_bootstrap_ci
 from .store import write_atomic, write_json
@@ -120,6 +120,19 @@ def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) ->
                                 layout.episodes(evals[arm], split))
             for arm, c in (res.get("rollout_cost") or {}).items():
                 extra.setdefault("rollout_cost", {}).setdefault(arm, {})[str(k)] = c
+            # what each arm trained on (its pairs, its DPO steps) and how each policy played: success,
+            # behaviour rates and the share of tasks it played exactly as BC did
+            for arm, n_steps in (res.get("dpo_steps") or {}).items():
+                stats = _read(layout.pairs_stats(runs.compare / arm))
+                extra.setdefault("training", {}).setdefault(arm, {})[str(k)] = {"pairs": stats["pairs"],
+                                                                               "dpo_steps": n_steps}
+            for split, table in res["splits"].items():
+                for name, r in table.items():
+                    play = {"success": r["success"], **(res.get("behaviour", {}).get(split, {}).get(name) or {})}
+                    if name != "bc":
+                        play["same_as_bc"] = same_episodes(layout.episodes(evals["bc"], split),
+                                                           layout.episodes(evals[name], split))["rate"]
+                    extra.setdefault("play", {}).setdefault(name, {}).setdefault(split, {})[str(k)] = play
         else:  # eto: the kept policy (best on dev, or the last one) against BC
             res = _read(runs.eto_result)
             for split, d in res["best_vs_bc"].items():
@@ -148,6 +161,11 @@ def write(run: Path, stage: str, result: dict[str, Any]) -> None:
     write_atomic(layout.seeds_file(run, ".md"), markdown(every))
 
 
+def _mean_pct(rows, key: str) -> str:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return f"{100 * sum(values) / len(values):.1f}%" if values else "-"
+
+
 def _cell(d: dict[str, Any] | None, seeds: list[str]) -> tuple[str, str]:
     if not d:
         return "-", "-"
@@ -171,9 +189,23 @@ def markdown(every: dict[str, dict[str, Any]]) -> str:
                 lines.append("| " + " | ".join([arm, split, *_cell(d.get("vs_bc"), seeds),
                                                 *_cell(d.get("vs_control"), seeds)]) + " |")
         if res.get("rollout_cost"):
-            lines += ["", "| arm | rollouts per seed |", "| --- | --- |"]
-            lines += [f"| {arm} | " + ", ".join(f"s{k} {c[k]['total']}" for k in seeds if k in c) + " |"
-                      for arm, c in res["rollout_cost"].items()]
+            train = res.get("training") or {}
+
+            def per_seed(d: dict[str, Any], key: str) -> str:
+                return ", ".join(f"s{k} {d[k][key]}" for k in seeds if k in d) or "-"
+
+            lines += ["", "| arm | rollouts per seed | pairs per seed | DPO steps per seed |", "| --- | --- | --- | --- |"]
+            lines += [f"| {arm} | {per_seed(c, 'total')} | {per_seed(train.get(arm, {}), 'pairs')} | "
+                      f"{per_seed(train.get(arm, {}), 'dpo_steps')} |" for arm, c in res["rollout_cost"].items()]
+        if res.get("play"):  # means over seeds of each policy's success and behaviour
+            cols = [("success", "success"), ("same_as_bc", "same episodes as BC"), *BEHAVIOUR]
+            lines += ["", "means over seeds; same episodes as BC: the share of tasks played with exactly BC's actions",
+                      "", "| policy | split | " + " | ".join(h for _, h in cols) + " |",
+                      "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
+            for name, by_split in res["play"].items():
+                for split, rows in by_split.items():
+                    lines.append(f"| {name} | {split} | " + " | ".join(_mean_pct(rows.values(), key) for key, _ in cols)
+                                 + " |")
         if res.get("best_iteration"):
             lines += ["", "kept iteration per seed: " + ", ".join(f"s{k} {v}" for k, v in res["best_iteration"].items())]
         lines.append("")

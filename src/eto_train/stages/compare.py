@@ -28,7 +28,7 @@ from rich.table import Table
 from .. import layout, tracking
 from ..config import BCSection, DPOSection, dotted_overrides, typed
 from ..distributed import grad_accum, world_size
-from ..evaluation import behaviour, comparison
+from ..evaluation import BEHAVIOUR, behaviour, comparison
 from ..manifest import Stage
 from ..model.load import check_quantization
 from ..pairs import Pair
@@ -202,10 +202,6 @@ def run(cfg) -> dict[str, Any]:
     console.print("rollouts per arm: " + ", ".join(f"{v} {c['total']}" for v, c in cost.items()))
     console.print(f"-> {md}, {png}")
     return results
-
-
-BEHAVIOUR = (("invalid_action_rate", "invalid"), ("loop_rate", "loops"), ("redundant_action_rate", "redundant"),
-             ("premature_stop_rate", "premature stop"))
 
 
 def markdown(results: dict[str, Any]) -> str:
