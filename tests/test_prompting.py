@@ -16,6 +16,12 @@ from eto_train.prompting import PromptConfig, format_action, parse_action, syste
     ("Action:    ", None),
     ("", None),
     ("The action: is not at line start", None),
+    # what a real chat model writes around its action (SmolLM2-135M-Instruct, untuned)
+    ("Action: take coin from the lounge.", "take coin from the lounge"),
+    ("Action: `open fridge`", "open fridge"),
+    ('Thought: the map.\nAction: "move north".', "move north"),
+    ("Action: .", None),
+    ("I'm in the kitchen.", None),
 ])
 def test_parse_action(text, expected):
     assert parse_action(text) == expected

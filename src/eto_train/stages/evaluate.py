@@ -38,6 +38,10 @@ def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> 
 
 
 def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
+    if str(policy_path) == str(cfg.model.path):  # the untuned model: a registry model must be built first
+        from ..model.wheel import require_built
+
+        require_built(cfg.model)
     setup_runtime(cfg.runtime.rollout_threads)
     ref = policy_ref(policy_path, name=tag)
     rollouts = Rollouts(cfg, policy_path, ref, cfg.rollout.merged(cfg.eval.rollout))

@@ -27,16 +27,21 @@ from .. import layout
 from ..runtime import versions
 from ..store import write_atomic, write_json
 
+UNTUNED = "untuned"  # eval.tag of the model before BC (the paper's untuned rows): eto-train eval eval.tag=untuned
 
 def build(cfg) -> dict[str, Any]:
     runs = layout.RunLayout.of(cfg)
     eto = json.loads(runs.eto_result.read_text())
     cmp_dir = runs.compare
-    cmp = json.loads(layout.compare_file(cmp_dir, ".json").read_text())
+    cmp_file = layout.compare_file(cmp_dir, ".json")
+    # a run without compare (the real-model demo: BC, ETO, the test splits) reports BC, the kept iteration
+    # and, when it was played, the untuned model
+    cmp = json.loads(cmp_file.read_text()) if cmp_file.exists() else {"policies": [], "splits": list(cfg.eval.splits)}
     n_boot, seed = cfg.compare.bootstrap, cfg.seed
-    # Every policy evaluated on the same test seeds: BC, control and variants by compare, the
-    # best ETO iteration by eto (its test evaluation).
-    evals = {name: layout.evaluations(cmp_dir) / name for name in cmp["policies"]}
+    # Every policy evaluated on the same test seeds: the untuned model (eval.tag=untuned, when played),
+    # BC, control and variants by compare, the best ETO iteration by eto (its test evaluation).
+    evals = {UNTUNED: runs.evaluation(UNTUNED)} if runs.evaluation(UNTUNED).exists() else {}
+    evals.update({name: layout.evaluations(cmp_dir) / name for name in cmp["policies"]})
     evals["bc"] = runs.evaluation("bc")
     evals[f"eto best (iteration {eto['best_iteration']})"] = Path(eto.get("best_eval", runs.evaluation("eto_best")))
     rows: dict[str, dict[str, Any]] = {}
@@ -59,7 +64,7 @@ def build(cfg) -> dict[str, Any]:
         verdict = {"split": headline, **beats(r), "per_game": {g: beats(x) for g, x in r["per_game"].items()}}
     reading = runs.reading(cfg.reading.split)
     seeds = layout.seeds_file(runs.run, ".json")  # compare over several seeds (seeds=[...]), when it ran
-    return {"eto": eto, "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
+    return {"eto": eto, "compared": cmp_file.exists(), "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
             "rollout_cost": cmp.get("rollout_cost", {}), "no_pairs": cmp.get("no_pairs", []),
             "splits": rows, "verdict": verdict, "reading": json.loads(reading.read_text()) if reading.exists() else None,
             "seeds": json.loads(seeds.read_text()) if seeds.exists() else None, "faults": fault_accounts(runs.run)}
@@ -90,16 +95,41 @@ def behaviour_section(splits: dict[str, dict[str, Any]]) -> list[str]:
            "Invalid: share of steps not accepted; loop: share of episodes where one action repeats 3 times in a "
            "row or an A-B cycle 3 times; redundant: share of steps repeating an action already taken from the "
            "same observation; premature stop: share of episodes ended before the step limit without success "
-           "(status `failure` or `model_failure`).", "",
-           "| split | policy | success | invalid | loop | redundant | premature stop |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "(status `failure` or `model_failure`); unparsed: share of the policy's outputs with no `Action:` line "
+           "to read (counted among the invalid steps too).", "",
+           "| split | policy | success | invalid | unparsed | loop | redundant | premature stop |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for split, rows in splits.items():
         for n, r in rows.items():
             if (b := r.get("behaviour")) is not None:
                 out.append(f"| {split} | {n} | {pct(r['success'])} | {pct(b['invalid_action_rate'])} | "
-                           f"{pct(b['loop_rate'])} | {pct(b['redundant_action_rate'])} | "
+                           f"{pct(b.get('unparsed_rate', 0.0))} | {pct(b['loop_rate'])} | {pct(b['redundant_action_rate'])} | "
                            f"{pct(b['premature_stop_rate'])} |")
     return out + [""]
+
+
+def compare_section(rep: dict[str, Any], compare_png: str) -> list[str]:
+    """What compare added (make compare-contrast): the control, each arm's DPO steps and rollout cost, the
+    chart, and the seeds' table when it ran over several seeds."""
+    out: list[str] = []
+    steps = rep["compare_dpo_steps"]
+    out += ["", f"`control` continues BC with SFT on the {rep['control_of']} arm's chosen side "
+            f"for the same number of optimizer steps as its DPO ({steps.get(rep['control_of'], '-')}); every other arm is "
+            "one DPO run from BC on its own pairs (docs/step_level.md; DPO steps: "
+            + ", ".join(f"{arm} {n}" for arm, n in steps.items()) + ")"
+            + (f"; no pairs, so BC itself: {', '.join(rep['no_pairs'])}" if rep.get("no_pairs") else "") + ".", ""]
+    if rep.get("rollout_cost"):  # what each arm's pairs cost in episodes
+        out += ["| arm | rollouts for its pairs (explored + continuations) | of which value rollouts |", "| --- | --- | --- |"]
+        out += [f"| {arm} | {c['total']} | {c['value_rollouts']} |" for arm, c in rep["rollout_cost"].items()]
+        out.append("")
+    out += [f"![arms]({compare_png})", ""]
+    if rep.get("seeds") and "compare" in rep["seeds"]:  # what holds across seeds, beside this one seed's table
+        from ..seeds import markdown as seeds_markdown
+
+        out += ["## Across seeds", "", "Each seed is a whole run (BC, explorations, DPO); the interval resamples seeds, "
+                "then tasks. A difference holds across seeds when its interval excludes 0.", "",
+                seeds_markdown({"compare": rep["seeds"]["compare"]}).replace("## ", "### "), ""]
+    return out
 
 
 def writable_place(cfg, folder: Path, what: str) -> Path:
@@ -135,35 +165,24 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
         return [str(r["environment_failures"]) if game == "all" else "-"]
 
     out += ["| " + " | ".join(cells) + " |" for cells in table_rows(rep["splits"], failures_cell)]
-    steps = rep["compare_dpo_steps"]
-    out += ["", f"`control` continues BC with SFT on the {rep['control_of']} arm's chosen side "
-            f"for the same number of optimizer steps as its DPO ({steps.get(rep['control_of'], '-')}); every other arm is "
-            "one DPO run from BC on its own pairs (docs/step_level.md; DPO steps: "
-            + ", ".join(f"{arm} {n}" for arm, n in steps.items()) + ")"
-            + (f"; no pairs, so BC itself: {', '.join(rep['no_pairs'])}" if rep.get("no_pairs") else "") + ".", ""]
-    if rep.get("rollout_cost"):  # what each arm's pairs cost in episodes
-        out += ["| arm | rollouts for its pairs (explored + continuations) | of which value rollouts |", "| --- | --- | --- |"]
-        out += [f"| {arm} | {c['total']} | {c['value_rollouts']} |" for arm, c in rep["rollout_cost"].items()]
-        out.append("")
-    out += [f"![arms]({compare_png})", ""]
-    if rep.get("seeds") and "compare" in rep["seeds"]:  # what holds across seeds, beside this one seed's table
-        from ..seeds import markdown as seeds_markdown
-
-        out += ["## Across seeds", "", "Each seed is a whole run (BC, explorations, DPO); the interval resamples seeds, "
-                "then tasks. A difference holds across seeds when its interval excludes 0.", "",
-                seeds_markdown({"compare": rep["seeds"]["compare"]}).replace("## ", "### "), ""]
+    if any(UNTUNED in rows for rows in rep["splits"].values()):
+        out += ["", f"`{UNTUNED}` is the model BC starts from ({cfg.model.name}), prompted as every policy is "
+                f"(prompt `{cfg.prompt.version}`), before any training.", ""]
+    if rep.get("compared", True):
+        out += compare_section(rep, compare_png)
     out += behaviour_section(rep["splits"])
     v = rep["verdict"]
     if v is None:
         out.append("**Verdict:** no ETO iteration beat BC on the dev split; the best policy is BC.")
     else:
+        control = rep.get("compared", True)  # no compare: no SFT control to beat
         out.append(f"**Verdict ({v['split']}):** the best ETO iteration "
-                   f"{'beats' if v['beats_bc'] else 'does not beat'} BC and "
-                   f"{'beats' if v['beats_control'] else 'does not beat'} the SFT control with a paired 95% interval "
-                   "above zero.")
+                   f"{'beats' if v['beats_bc'] else 'does not beat'} BC"
+                   + (f" and {'beats' if v['beats_control'] else 'does not beat'} the SFT control" if control else "")
+                   + " with a paired 95% interval above zero.")
         for game, g in v["per_game"].items():
-            out.append(f"On {game} alone it {'beats' if g['beats_bc'] else 'does not beat'} BC and "
-                       f"{'beats' if g['beats_control'] else 'does not beat'} the control.")
+            out.append(f"On {game} alone it {'beats' if g['beats_bc'] else 'does not beat'} BC"
+                       + (f" and {'beats' if g['beats_control'] else 'does not beat'} the control." if control else "."))
     out += reading_section(rep.get("reading"))
     out += ["", "## Environment faults", "",
             "Every failed environment call an episode met: recovered (the episode was rebuilt on a fresh instance "
