@@ -260,3 +260,40 @@ def test_a_refused_nan_checkpoint_leaves_no_empty_evaluation_folder(tmp_path, ti
     with pytest.raises(NonFiniteError):
         evaluate_policy(cfg, str(nan), "nan", ["seen"], out)
     assert not out.exists()
+
+
+# -- issue 37's trial rows: a run_name that leaves paths.runs, paths.runs a regular file -----------------
+@pytest.mark.parametrize("name", ["../../escape", "a/../../b", "..", "/abs/run"])
+def test_a_run_name_that_leaves_paths_runs_is_refused_before_anything_is_written(tmp_path, name):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    runs = tmp_path / "a" / "b" / "runs"
+    proc = _cli("experts", f"paths.runs={runs}", f"run_name={name}", *TOY)
+    err = _one_block(proc, "experts")
+    assert f"run_name={name}: " in err and "a run's name is a folder name inside paths.runs" in err
+    assert f"outside paths.runs={runs}" in err
+    assert _tree(tmp_path) == {} and not runs.exists()  # no experts file, no log folder anywhere
+    assert not Path("/abs").exists()
+
+
+def test_a_run_name_with_a_slash_inside_paths_runs_still_runs(tmp_path):
+    from eto_train.config import load
+    from eto_train.layout import check_run_folder
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"run_name": "study/seed3", "paths": {"runs": str(tmp_path), "run": f"{tmp_path}/study/seed3"}})
+    check_run_folder(cfg)  # no error
+    with pytest.raises(errors.ConfigError, match=r"run_name='a/\.\./\.\./b': its '\.\.' leaves paths.runs"):
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="t"):
+            load(compose("config", overrides=[f"paths.runs={tmp_path}", "run_name=a/../../b"]))
+
+
+def test_paths_runs_pointing_to_a_regular_file_is_one_block_exit_2(tmp_path):
+    runs = tmp_path / "runs"
+    runs.write_text("not a folder\n")
+    proc = _cli("experts", f"paths.runs={runs}", "run_name=r", *TOY)
+    err = _one_block(proc, "experts")
+    assert f"paths.runs={runs}: {runs} is a regular file, not a folder; point paths.runs at a folder" in err
+    assert "NotADirectoryError" not in err and "note:" not in err
+    assert runs.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]

@@ -218,6 +218,9 @@ def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
         cfg = _composer(job)(rest)  # before Hydra makes a folder
         from .device_check import check_device
 
+        from .layout import check_run_folder
+
+        check_run_folder(cfg)  # run_name inside paths.runs, paths.runs a folder: before any folder is made
         check_device(cfg, name)
         extra = _log_dir_overrides(cfg, job, rest)
     # Hydra reads sys.argv: the stage's own arguments, with the job name (the log folder's name)
