@@ -297,3 +297,43 @@ def test_paths_runs_pointing_to_a_regular_file_is_one_block_exit_2(tmp_path):
     assert f"paths.runs={runs}: {runs} is a regular file, not a folder; point paths.runs at a folder" in err
     assert "NotADirectoryError" not in err and "note:" not in err
     assert runs.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def _on_a_small_fs(tmp_path: Path, mount_opts: str, script: str) -> subprocess.CompletedProcess:
+    """``script`` (sh, ``$M`` the mount point) run with a fresh tmpfs of ``mount_opts`` at ``$M``, in a
+    mount namespace of its own (as root; skipped where tmpfs cannot be mounted)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a small tmpfs")
+    m = tmp_path / "fs"
+    m.mkdir()
+    full = f"mount -t tmpfs -o {mount_opts} tmpfs {m} || exit 99; M={m}; export M; {script}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", full], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    if proc.returncode == 99:
+        pytest.skip(f"this machine cannot mount a tmpfs ({proc.stderr.strip()[:200]})")
+    return proc
+
+
+def test_no_free_inodes_says_inodes_not_space(tmp_path):
+    """A file system with space left and no free inode: ENOSPC, said as inodes (one block, exit 1)."""
+    cli_ = shlex_cmd("experts", "paths.runs=$M/runs", "run_name=r", *TOY)
+    proc = _on_a_small_fs(tmp_path, "size=50m,nr_inodes=40", "mkdir $M/runs; i=0; while touch $M/f$i 2>/dev/null; "
+                          f"do i=$((i+1)); done; {cli_}; echo rc=$?; ls -A $M/runs")
+    out = proc.stdout
+    assert "rc=1" in out, proc.stderr
+    err = proc.stderr
+    assert err.startswith("eto-train experts: cannot write [experts] ") and "Traceback" not in err
+    assert "no free inodes left on its file system (0 of 40 inodes free" in err
+    assert "MiB free of 50.0 MiB: the space is there, the file count is not" in err
+    assert "remove files you do not need there" in err and "rerun the same command" in err
+    assert "note:" not in err and len(err.strip().splitlines()) == 1
+
+
+def shlex_cmd(*args: str) -> str:
+    """``python -m eto_train.cli <args>`` for sh (``$M`` left for the shell to expand)."""
+    import shlex
+
+    return " ".join([shlex.quote(sys.executable), "-m", "eto_train.cli",
+                     *(a if "$M" in a else shlex.quote(a) for a in args)])

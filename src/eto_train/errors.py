@@ -116,11 +116,28 @@ def _size(n: float) -> str:
     return ""  # unreachable
 
 
+def free_inodes(path: str | Path) -> tuple[int, int] | None:
+    """(free, total) inodes of the file system holding ``path``; None where it does not count them
+    (a total of 0: btrfs, some network file systems)."""
+    try:
+        st = os.statvfs(_existing(Path(path)))
+    except (OSError, AttributeError):
+        return None
+    return (st.f_favail, st.f_files) if st.f_files else None
+
+
 def disk_message(exc: OSError, stage: str | None = None) -> str:
-    """A full disk or a folder that cannot be written, as one block: stage, path, free space, what to do."""
+    """A full disk or a folder that cannot be written, as one block: stage, path, free space, what to do.
+    ENOSPC on a file system with bytes left but no free inode says inodes (one per file or folder)."""
     path = exc.filename or "?"
     what = DISK_ERRNOS.get(exc.errno, exc.strerror or "cannot write")
     where = f" [{stage}]" if stage else ""
+    inodes = free_inodes(path) if exc.errno == errno.ENOSPC else None
+    if inodes is not None and inodes[0] == 0:
+        return (f"cannot write{where} {path}: no free inodes left on its file system (0 of {inodes[1]:,} inodes free, "
+                f"one per file or folder; {free_space(path)}: the space is there, the file count is not); remove "
+                f"files you do not need there (many small ones, e.g. old runs' logs or caches) and rerun the same "
+                f"command: finished work is kept and an interrupted stage resumes")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         todo = "free space and rerun the same command: finished work is kept and an interrupted stage resumes"
     else:
@@ -301,13 +318,14 @@ def remove_empty_tree(folder: Path) -> None:
 
 def writable(folder: Path) -> bool:
     """Whether a folder can be created in (or under) ``folder``: tried, not guessed (root ignores
-    permission bits; a read-only mount refuses root too)."""
+    permission bits; a read-only mount refuses root too). A full file system counts as writable."""
     import tempfile
 
     base = _existing(folder)
     try:
         probe = tempfile.mkdtemp(prefix=".eto-write-probe-", dir=base)
-    except OSError:
-        return False
+    except OSError as exc:
+        # a full file system (no space, no inode, quota) is writable: the write that fails says so, in one block
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
     os.rmdir(probe)
     return True
