@@ -337,3 +337,43 @@ def shlex_cmd(*args: str) -> str:
 
     return " ".join([shlex.quote(sys.executable), "-m", "eto_train.cli",
                      *(a if "$M" in a else shlex.quote(a) for a in args)])
+
+
+def test_three_commands_started_together_each_keep_their_own_log_folder(tmp_path):
+    """Issue 37, trial row 8: three `eval`s with different eval.tag started together wrote one log folder
+    (`logs/<time>-eval/`, whose .hydra/overrides.yaml kept one tag). Each command now makes its own
+    (cli._own_log_dir, the same for every stage: here three `export`s, a few seconds each, where an
+    eval takes half a minute); a folder of the same second that exists already (here made for every
+    second of the next minute) is never reused."""
+    import time
+
+    store = tmp_path / "episodes.jsonl"
+    from test_bad_input import make_episode
+
+    from eto_train.store import append_episodes
+
+    append_episodes(store, [make_episode(i) for i in range(2)])
+    logs = tmp_path / "runs" / "r" / "logs"
+    logs.mkdir(parents=True)
+    now = time.time()
+    taken = {time.strftime("%Y%m%d-%H%M%S", time.localtime(now + s)) + "-export" for s in range(-2, 60)}
+    for name in taken:  # an earlier command's log folder for every second the three may start in
+        (logs / name / ".hydra").mkdir(parents=True)
+        (logs / name / ".hydra" / "overrides.yaml").write_text("- an earlier command\n")
+    procs = [subprocess.Popen([sys.executable, "-m", "eto_train.cli", "export", f"paths.runs={tmp_path}/runs",
+                               "run_name=r", f"export.inputs=[{store}]", f"export.output={tmp_path}/out{i}.jsonl"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for i in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[-2000:] for o in outs]
+    for name in taken:
+        assert (logs / name / ".hydra" / "overrides.yaml").read_text() == "- an earlier command\n"
+    new = sorted(p for p in logs.iterdir() if p.name not in taken)
+    assert len(new) == 3, sorted(p.name for p in logs.iterdir())
+    outputs = []
+    for folder in new:
+        overrides = (folder / ".hydra" / "overrides.yaml").read_text()
+        outputs += [i for i in range(3) if f"export.output={tmp_path}/out{i}.jsonl" in overrides]
+        assert (folder / ".hydra" / "config.yaml").is_file() and (folder / "export.log").is_file()
+    assert sorted(outputs) == [0, 1, 2]  # each command's resolved config is kept, in its own folder
+    assert all((tmp_path / f"out{i}.jsonl").is_file() for i in range(3))

@@ -179,3 +179,36 @@ def test_sigkill_inside_the_save_of_a_finished_bc_rerun_keeps_the_finished_polic
     check_policy(bc / "model")
     assert _files(bc / "model") != finished["model"]  # the new result swapped in whole
     assert not (bc / ".next").exists() and not (bc / ".old").exists()
+
+
+def test_a_killed_bc_whose_last_checkpoint_is_damaged_resumes_from_the_one_before(base, tmp_path):
+    """Issue 37, trial row 4: bc killed after its checkpoint-4, whose optimizer.pt is then cut to 1,000
+    bytes. Every rerun used to stop in the Trainer's load (PytorchStreamReader failed reading zip
+    archive), the checkpoint neither named nor set aside. Now the rerun names it, sets it aside (kept),
+    resumes from checkpoint-2 and finishes; the policy loads and is finite."""
+    from eto_train.training.resume import SET_ASIDE
+
+    runs = _copy(base, tmp_path / "killed")
+    shutil.rmtree(runs / "toy" / "bc")
+    longer = ["bc.max_steps=5", "bc.save_steps=2", "bc.save_total_limit=2"]
+    rc, out = cli("bc", runs, *longer, kill_at="bc:5")
+    assert rc == -signal.SIGKILL, out[-3000:]
+    bc = runs / "toy" / "bc"
+    assert sorted(p.name for p in (bc / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    opt = bc / "checkpoints" / "checkpoint-4" / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[:1000])
+    cut = opt.read_bytes()
+
+    rc, out = cli("bc", runs, *longer)
+    assert rc == 0, out[-3000:]
+    aside = bc / SET_ASIDE / "checkpoint-4"
+    text = _squash(out)
+    assert _squash(f"[bc] 1 checkpoint(s) in {bc}/checkpoints cannot be resumed: checkpoint-4: optimizer.pt: ") in text
+    assert _squash(f"set aside (not deleted) as {aside}") in text
+    assert _squash("So resuming from checkpoint-2, the newest checkpoint that loads") in text
+    assert _squash(f"[bc] resuming from the last checkpoint {bc}/checkpoints/checkpoint-2") in text
+    assert "Traceback" not in out
+    assert _status(bc) == "done" and (aside / "optimizer.pt").read_bytes() == cut
+    m = json.loads((bc / "manifest.json").read_text())
+    assert m["metrics"]["optimizer_steps"] == 5 and m["metrics"]["resumed_from"] == "checkpoint-2"
+    check_policy(bc / "model")

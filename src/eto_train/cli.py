@@ -195,13 +195,32 @@ def _log_dir_overrides(cfg, job: str, rest: list[str]) -> list[str]:
     logs = run / LOGS  # as hydra.run.dir in configs/config.yaml
     _fresh[:] = [p for p in (logs, *logs.absolute().parents) if not p.exists()]  # deepest first
     if writable(logs):
-        return []
+        return [f"hydra.run.dir={_own_log_dir(logs, job)}"]
     import tempfile
 
     where = Path(tempfile.gettempdir()) / "eto-train-logs" / str(cfg.run_name)
     sys.stderr.write(f"{PROG}: note: {run} is not writable; this command's log folder is under {where}\n")
     _fresh.clear()
-    return [f"hydra.run.dir={where}/${{now:%Y%m%d-%H%M%S}}-{job}"]
+    return [f"hydra.run.dir={_own_log_dir(where, job)}"]
+
+
+def _own_log_dir(logs: Path, job: str) -> Path:
+    """This command's own log folder ``<logs>/<time>-<job>``, made here (``-2``, ``-3``, ... when a
+    command of the same stage took that second's name: three evals started together each keep
+    their resolved config and log; under ``accelerate launch`` each process gets its own). Hydra
+    then writes into it (configs/config.yaml's ``hydra.run.dir`` has the same form)."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    logs.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        folder = logs / (f"{stamp}-{job}" if n == 1 else f"{stamp}-{job}-{n}")
+        try:
+            folder.mkdir()  # atomic: exactly one command gets each name
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{logs}: 10,000 log folders named {stamp}-{job}-<n>")  # pragma: no cover
 
 
 def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:

@@ -189,7 +189,7 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
         trainer.add_callback(kill)
 
     # -- train (resumes from the last checkpoint of an interrupted run) -------------------------
-    ckpt = resume_checkpoint(job.args.output_dir, resume)
+    ckpt = resume_checkpoint(job.args.output_dir, resume, name=job.name)
     if ckpt:
         console.print(f"[{job.name}] resuming from the last checkpoint {ckpt} (optimizer, scheduler, RNG)")
     result = trainer.train(resume_from_checkpoint=ckpt)
