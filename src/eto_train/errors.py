@@ -146,6 +146,61 @@ def disk_message(exc: OSError, stage: str | None = None) -> str:
     return f"cannot write{where} {path}: {what} ({free_space(path)}); {todo}"
 
 
+# -- a library's write that failed for lack of space ---------------------------------------------------
+# torch's zip writer (``[enforce fail at inline_container.cc:...] . unexpected pos``, ``PytorchStreamWriter
+# failed writing file ...: file write failed``) and safetensors (``IoError(Os { code: 28, kind: StorageFull``)
+# report a full disk without an errno or a path
+_WRITER_FAILED = re.compile(r"inline_container\.cc|unexpected pos|PytorchStreamWriter failed|file write failed"
+                            r"|IoError|Error while serializing", re.I)
+_SAYS_FULL = re.compile(r"No space left on device|StorageFull|os error 28|code: 28\b|Disk quota exceeded"
+                        r"|QuotaExceeded|os error 122", re.I)
+
+
+def _full(folder: Path) -> int | None:
+    """ENOSPC or EDQUOT when ``folder``'s file system cannot take 1 MiB more (tried: a file written,
+    synced and removed), or has no free inode; else None."""
+    inodes = free_inodes(folder)
+    if inodes is not None and inodes[0] == 0:
+        return errno.ENOSPC
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".eto-space-probe-", dir=_existing(folder))
+    except OSError as exc:
+        return exc.errno if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    try:
+        os.write(fd, b"\0" * (1 << 20))
+        os.fsync(fd)
+    except OSError as exc:
+        return exc.errno if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    return None
+
+
+def as_disk_error(exc: BaseException, path: str | Path) -> OSError | None:
+    """``exc`` (raised while writing under ``path``) as the disk error it is, or None: an OSError
+    ENOSPC/EDQUOT anywhere in its chain, or a write of torch's or safetensors' that failed (their
+    messages name neither the errno nor the file) while ``path``'s file system is full. The OSError
+    names ``path``, so the CLI prints the one block (stage, path, free space, what to do)."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(e.errno, os.strerror(e.errno), e.filename or str(path))
+        e = e.__cause__ or e.__context__
+    text = str(exc)
+    if _SAYS_FULL.search(text):
+        code = errno.EDQUOT if re.search(r"quota|os error 122", text, re.I) else errno.ENOSPC
+        return OSError(code, os.strerror(code), str(path))
+    if _WRITER_FAILED.search(text):
+        code = _full(Path(path))
+        if code is not None:
+            return OSError(code, os.strerror(code), str(path))
+    return None
+
+
 # -- a key of another section ---------------------------------------------------------------------
 _OVERRIDE = re.compile(r"Could not override '([^']+)'")
 _NOT_IN_STRUCT = re.compile(r"Key '([^']+)' is not in struct\s+full_key: (\S+)")
