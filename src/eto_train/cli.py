@@ -207,14 +207,18 @@ def _log_dir_overrides(cfg, job: str, rest: list[str]) -> list[str]:
 def _own_log_dir(logs: Path, job: str) -> Path:
     """This command's own log folder ``<logs>/<time>-<job>``, made here (``-2``, ``-3``, ... when a
     command of the same stage took that second's name: three evals started together each keep
-    their resolved config and log; under ``accelerate launch`` each process gets its own). Hydra
+    their resolved config and log; under ``accelerate launch`` each process gets its own, ``-rank<r>``
+    for the global rank r > 0, on one machine or several). Hydra
     then writes into it (configs/config.yaml's ``hydra.run.dir`` has the same form)."""
     import time
 
+    from .distributed import rank
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    mine = f"{stamp}-{job}" + (f"-rank{rank()}" if rank() else "")  # accelerate launch: rank 0's has the plain name
     logs.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
-        folder = logs / (f"{stamp}-{job}" if n == 1 else f"{stamp}-{job}-{n}")
+        folder = logs / (mine if n == 1 else f"{mine}-{n}")
         try:
             folder.mkdir()  # atomic: exactly one command gets each name
             return folder

@@ -97,10 +97,19 @@ class DPOJob(Job):
             return dataset
         # TRL caches the precomputed reference log-probs beside the dataset's files; an in-memory
         # dataset has a temporary folder per process, so the others would not find rank 0's cache.
+        # One fingerprint on every rank (flatten_indices would draw a random one per process): TRL's maps of
+        # it then have the same fingerprints everywhere, so the other ranks load the main process's cache files
+        # instead of writing their own into the shared folder (its global-then-local-main-first order lets the
+        # local main of every other machine run after it: with random fingerprints it wrote there too).
+        import hashlib
+        import json
+
         from accelerate import PartialState
 
+        fingerprint = hashlib.sha256(json.dumps(self.data, sort_keys=True, default=str).encode()).hexdigest()[:16]
         with PartialState().main_process_first():
-            return dataset.flatten_indices(cache_file_name=str(out / layout.PAIRS_DATASET / "pairs.arrow"))
+            return dataset.flatten_indices(cache_file_name=str(out / layout.PAIRS_DATASET / "pairs.arrow"),
+                                           new_fingerprint=fingerprint)
 
     def trainer(self, model, tokenizer, dataset, peft):
         from .dpo import fsdp_reference, make_dpo_trainer
