@@ -125,7 +125,7 @@ class _Guard:
         episodes = layout.episodes(folder)
         total = (manifest.get("config") or {}).get("episodes")
         shard_files = sorted((folder / layout.SHARDS).glob("rank*.jsonl"))
-        if (episodes.exists() or total is not None) and not episodes.exists() and not shard_files:
+        if total is not None and not episodes.exists() and not shard_files:
             # a rollout stage stopped before its first episode (loading the policy, starting the games)
             return (f"interrupted: {name} stopped before its first episode was recorded (no {episodes} yet: nothing "
                     f"of it to keep; stages finished before it are kept); {again}")
