@@ -88,7 +88,7 @@ PROFILE = {  # env -> (prompt version, opening, system text)
     "twx": ("react-v1", "system", "You play a text game."),
 }
 TASKS = {
-    "sciworld": ["10_456", "0_3", "13_5", "4_7", "9_1"],
+    "sciworld": ["10_262", "0_3", "13_5", "4_7", "9_1"],
     "webshop": ["17", "18", "19", "20", "21"],
     "alfworld": [f"pick_and_place_simple-Mug-None-Shelf-{i}/trial_T2019_0{i}" for i in range(5)],
     "twx": [f"mapreader/train/{i}" for i in range(5)],
@@ -166,7 +166,11 @@ def test_their_construct_preference_reads_our_exploration_export_and_gives_our_p
         assert sum(t["from"] == "gpt" for t in cut) == 8
 
 
-def test_twx_ids_with_slashes_become_file_safe_names_with_the_mapping_recorded(tmp_path):
+def test_twx_ids_with_slashes_match_between_the_gold_file_and_the_explorations_as_exported(tmp_path):
+    """Issue 37, item 7: their script keys the explorations on the file names (``mapreader+2Ftrain+2F0``);
+    the gold file (``format=eto``) said ``mapreader/train/0``, so it built 0 pairs unless the ids were
+    rewritten by hand. Both exports now carry the file-safe id: their rule, run on the two exports as
+    they are, gives our pairs; ids.jsonl maps each file back to its id and task."""
     experts, explored = cases("twx")
     report = export_both(tmp_path, experts, explored)
     out = tmp_path / "outputs" / "mymodel"
@@ -174,19 +178,32 @@ def test_twx_ids_with_slashes_become_file_safe_names_with_the_mapping_recorded(t
     names = sorted(os.listdir(out / "twx"))
     assert names == sorted(f"{file_safe(t)}.json" for t in TASKS["twx"]) and all("/" not in n for n in names)
     assert all(n.count(".") == 1 for n in names)  # their reader keeps the id up to the first "."
-    mapping = {d["file"]: d["id"] for d in map(json.loads, (out / IDS_FILE).read_text().splitlines())}
-    assert mapping == {f"twx/{file_safe(t)}.json": t for t in TASKS["twx"]}
-    # their reader, keyed on the file names, with the golden ids made file-safe the same way
     golden = json.loads((tmp_path / "golden.json").read_text())
-    for g in golden:
-        g["id"] = file_safe(g["id"])
-    (tmp_path / "golden_safe.json").write_text(json.dumps(golden))
-    theirs = {mapping[f"twx/{p['id']}.json"]: p for p in
-              authors_pairs(tmp_path / "outputs", "mymodel", "twx", tmp_path / "golden_safe.json", 2)}
-    mine = {p.task_id: pair_to_eto(p) for p in ours("twx", experts, explored)}
-    assert sorted(theirs) == sorted(mine)
+    assert [g["id"] for g in golden] == [file_safe(t) for t in TASKS["twx"]]  # the file names' ids
+    mapping = {d["file"]: (d["id"], d["task_id"]) for d in map(json.loads, (out / IDS_FILE).read_text().splitlines())}
+    assert mapping == {f"twx/{file_safe(t)}.json": (file_safe(t), t) for t in TASKS["twx"]}
+    # their reader on the export as written: no id rewritten
+    theirs = {p["id"]: p for p in authors_pairs(tmp_path / "outputs", "mymodel", "twx", tmp_path / "golden.json", 2)}
+    mine = {file_safe(p.task_id): pair_to_eto(p) for p in ours("twx", experts, explored)}
+    assert len(mine) >= 3 and sorted(theirs) == sorted(mine)
     for tid, p in mine.items():
         assert (theirs[tid]["chosen"], theirs[tid]["rejected"]) == (p["chosen"], p["rejected"])
+
+
+def test_the_gold_file_of_a_twx_run_imports_back_onto_its_tasks(tmp_path):
+    """The file-safe ids of the gold file are bound back to the training tasks they name (both ways)."""
+    from types import SimpleNamespace
+
+    from eto_train.eto_format import import_experts
+
+    experts, _ = cases("twx")
+    write_jsonl(tmp_path / "experts.jsonl", [e.to_dict() for e in experts])
+    export_training_data(tmp_path / "experts.jsonl", tmp_path / "golden.json", {"format": "eto"})
+    tasks = [SimpleNamespace(env="twx", task_id=t, game="mapreader", fold="train", seed=i, split="train")
+             for i, t in enumerate(TASKS["twx"])]
+    eps, report = import_experts(tmp_path / "golden.json", tasks, "v")
+    assert [e.task_id for e in eps] == TASKS["twx"] and report["unmatched"] == 0
+    assert [[s.action for s in e.steps] for e in eps] == [[s.action for s in e.steps] for e in experts]
 
 
 def test_an_episode_without_the_papers_prompt_is_refused_for_their_layout(tmp_path):
@@ -248,3 +265,34 @@ def test_a_copied_sciworld_experts_file_stops_twx_bc_before_training(tmp_path):
     assert proc.returncode != 0 and str(path) in out, out[-2000:]
     assert "an experts file of environment 'sciworld'" in out and "env.name='twx'" in out
     assert not (tmp_path / "runs" / "twx" / "bc" / "model").exists() and path.read_bytes() == before
+
+
+def test_a_sciworld_experts_file_of_test_split_tasks_names_the_split_at_stage_level(tmp_path):
+    """Issue 37, item 7: `eto-train experts env=sciworld experts.source=<file of test-split tasks>` says the
+    tasks are the test split's (their test_indices.json, this project's `unseen`), one block, exit 2,
+    nothing written; it used to ask whether the file was another environment's."""
+    import subprocess
+    import sys
+
+    experts, _ = cases("sciworld")
+    src = tmp_path / "sciworld_sft.json"
+    entries = [to_eto_(e) for e in experts[:2]]
+    entries[0]["id"] = "task-2a-test-conductivity-of-unknown-substances_456"  # 10_456: the authors' test split
+    entries[1]["id"] = "10_450"
+    src.write_text(json.dumps(entries))
+    proc = subprocess.run([sys.executable, "-m", "eto_train.cli", "experts", "env=sciworld", f"paths.runs={tmp_path}/runs",
+                           "run_name=sw", f"experts.source={src}", "wandb.enabled=false"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr
+    assert err.startswith(f"eto-train experts: RecordError: {src}: none of its 2 trajectories is a task of the "
+                          f"training split of environment 'sciworld'")
+    assert ("2 in split 'unseen' (test_indices.json) (e.g. task-2a-test-conductivity-of-unknown-substances_456 = "
+            "10_456, 10_450)") in err and "another environment" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def to_eto_(ep):
+    from eto_train.eto_format import to_eto
+
+    return to_eto(ep)

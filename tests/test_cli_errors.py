@@ -260,3 +260,120 @@ def test_a_refused_nan_checkpoint_leaves_no_empty_evaluation_folder(tmp_path, ti
     with pytest.raises(NonFiniteError):
         evaluate_policy(cfg, str(nan), "nan", ["seen"], out)
     assert not out.exists()
+
+
+# -- issue 37's trial rows: a run_name that leaves paths.runs, paths.runs a regular file -----------------
+@pytest.mark.parametrize("name", ["../../escape", "a/../../b", "..", "/abs/run"])
+def test_a_run_name_that_leaves_paths_runs_is_refused_before_anything_is_written(tmp_path, name):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    runs = tmp_path / "a" / "b" / "runs"
+    proc = _cli("experts", f"paths.runs={runs}", f"run_name={name}", *TOY)
+    err = _one_block(proc, "experts")
+    assert f"run_name={name}: " in err and "a run's name is a folder name inside paths.runs" in err
+    assert f"outside paths.runs={runs}" in err
+    assert _tree(tmp_path) == {} and not runs.exists()  # no experts file, no log folder anywhere
+    assert not Path("/abs").exists()
+
+
+def test_a_run_name_with_a_slash_inside_paths_runs_still_runs(tmp_path):
+    from eto_train.config import load
+    from eto_train.layout import check_run_folder
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"run_name": "study/seed3", "paths": {"runs": str(tmp_path), "run": f"{tmp_path}/study/seed3"}})
+    check_run_folder(cfg)  # no error
+    with pytest.raises(errors.ConfigError, match=r"run_name='a/\.\./\.\./b': its '\.\.' leaves paths.runs"):
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="t"):
+            load(compose("config", overrides=[f"paths.runs={tmp_path}", "run_name=a/../../b"]))
+
+
+def test_paths_runs_pointing_to_a_regular_file_is_one_block_exit_2(tmp_path):
+    runs = tmp_path / "runs"
+    runs.write_text("not a folder\n")
+    proc = _cli("experts", f"paths.runs={runs}", "run_name=r", *TOY)
+    err = _one_block(proc, "experts")
+    assert f"paths.runs={runs}: {runs} is a regular file, not a folder; point paths.runs at a folder" in err
+    assert "NotADirectoryError" not in err and "note:" not in err
+    assert runs.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def _on_a_small_fs(tmp_path: Path, mount_opts: str, script: str) -> subprocess.CompletedProcess:
+    """``script`` (sh, ``$M`` the mount point) run with a fresh tmpfs of ``mount_opts`` at ``$M``, in a
+    mount namespace of its own (as root; skipped where tmpfs cannot be mounted)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a small tmpfs")
+    m = tmp_path / "fs"
+    m.mkdir()
+    full = f"mount -t tmpfs -o {mount_opts} tmpfs {m} || exit 99; M={m}; export M; {script}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", full], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    if proc.returncode == 99:
+        pytest.skip(f"this machine cannot mount a tmpfs ({proc.stderr.strip()[:200]})")
+    return proc
+
+
+def test_no_free_inodes_says_inodes_not_space(tmp_path):
+    """A file system with space left and no free inode: ENOSPC, said as inodes (one block, exit 1)."""
+    cli_ = shlex_cmd("experts", "paths.runs=$M/runs", "run_name=r", *TOY)
+    proc = _on_a_small_fs(tmp_path, "size=50m,nr_inodes=40", "mkdir $M/runs; i=0; while touch $M/f$i 2>/dev/null; "
+                          f"do i=$((i+1)); done; {cli_}; echo rc=$?; ls -A $M/runs")
+    out = proc.stdout
+    assert "rc=1" in out, proc.stderr
+    err = proc.stderr
+    assert err.startswith("eto-train experts: cannot write [experts] ") and "Traceback" not in err
+    assert "no free inodes left on its file system (0 of 40 inodes free" in err
+    assert "MiB free of 50.0 MiB: the space is there, the file count is not" in err
+    assert "remove files you do not need there" in err and "rerun the same command" in err
+    assert "note:" not in err and len(err.strip().splitlines()) == 1
+
+
+def shlex_cmd(*args: str) -> str:
+    """``python -m eto_train.cli <args>`` for sh (``$M`` left for the shell to expand)."""
+    import shlex
+
+    return " ".join([shlex.quote(sys.executable), "-m", "eto_train.cli",
+                     *(a if "$M" in a else shlex.quote(a) for a in args)])
+
+
+def test_three_commands_started_together_each_keep_their_own_log_folder(tmp_path):
+    """Issue 37, trial row 8: three `eval`s with different eval.tag started together wrote one log folder
+    (`logs/<time>-eval/`, whose .hydra/overrides.yaml kept one tag). Each command now makes its own
+    (cli._own_log_dir, the same for every stage: here three `export`s, a few seconds each, where an
+    eval takes half a minute); a folder of the same second that exists already (here made for every
+    second of the next minute) is never reused."""
+    import time
+
+    store = tmp_path / "episodes.jsonl"
+    from test_bad_input import make_episode
+
+    from eto_train.store import append_episodes
+
+    append_episodes(store, [make_episode(i) for i in range(2)])
+    logs = tmp_path / "runs" / "r" / "logs"
+    logs.mkdir(parents=True)
+    now = time.time()
+    taken = {time.strftime("%Y%m%d-%H%M%S", time.localtime(now + s)) + "-export" for s in range(-2, 60)}
+    for name in taken:  # an earlier command's log folder for every second the three may start in
+        (logs / name / ".hydra").mkdir(parents=True)
+        (logs / name / ".hydra" / "overrides.yaml").write_text("- an earlier command\n")
+    procs = [subprocess.Popen([sys.executable, "-m", "eto_train.cli", "export", f"paths.runs={tmp_path}/runs",
+                               "run_name=r", f"export.inputs=[{store}]", f"export.output={tmp_path}/out{i}.jsonl"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for i in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[-2000:] for o in outs]
+    for name in taken:
+        assert (logs / name / ".hydra" / "overrides.yaml").read_text() == "- an earlier command\n"
+    new = sorted(p for p in logs.iterdir() if p.name not in taken)
+    assert len(new) == 3, sorted(p.name for p in logs.iterdir())
+    outputs = []
+    for folder in new:
+        overrides = (folder / ".hydra" / "overrides.yaml").read_text()
+        outputs += [i for i in range(3) if f"export.output={tmp_path}/out{i}.jsonl" in overrides]
+        assert (folder / ".hydra" / "config.yaml").is_file() and (folder / "export.log").is_file()
+    assert sorted(outputs) == [0, 1, 2]  # each command's resolved config is kept, in its own folder
+    assert all((tmp_path / f"out{i}.jsonl").is_file() for i in range(3))

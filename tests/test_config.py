@@ -65,7 +65,7 @@ BOOL = "true or false"
 # (base, overrides, what the error must say: "<key>=<value>: <what is allowed>")
 CASES = [
     # -- top level -----------------------------------------------------------------------------
-    ("twx", ["run_name=''"], "run_name='': a non-empty string"),
+    ("twx", ["run_name=''"], "run_name='': empty; a run's name is a folder name inside paths.runs"),
     ("twx", ["seed=-1"], "seed=-1: an integer in [0, 4294967295]"),
     ("twx", ["seed=1.5"], "seed=1.5: an integer in [0, 4294967295]"),
     ("twx", ["trust_remote_code=1"], f"trust_remote_code=1: {BOOL}"),

@@ -9,6 +9,7 @@ ScienceWorld ids ``<task number>_<variation>``, ALFWorld ``game_file`` paths, We
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -62,7 +63,8 @@ def test_import_maps_ids_reports_unmatched_and_binds_tasks(tmp_path):
     assert [e.task_id for e in eps] == ["13_5"] and eps[0].game == "boil" and eps[0].env == "sciworld"
     assert eps[0].env_version.startswith("imported")
     assert report | {"source": None} == {"source": None, "entries": 3, "imported": 1, "unmatched": 1,
-                                        "unmatched_ids": ["99_0"], "duplicates": 1, "duplicate_ids": ["13_5"],
+                                        "unmatched_ids": ["99_0"], "unmatched_in_splits": {},
+                                        "duplicates": 1, "duplicate_ids": ["13_5"],
                                         "tasks_without_expert": 1}
 
 
@@ -173,23 +175,56 @@ def test_bad_pair_in_released_layout_names_the_item(tmp_path):
 
 
 # -- ScienceWorld ids in task-name form; a file of another environment ------------------------------
-def test_sciworld_task_name_ids_map_through_taskname2id(tmp_path):
-    """``task-2a-test-conductivity-of-unknown-substances_456`` is task 10, variation 456, by the
-    shipped taskname2id.json (before: 'none of its 2 trajectories matches')."""
-    from pathlib import Path
+SCIWORLD_ETO = Path(__file__).resolve().parents[1] / "data/sciworld_eto"
 
-    numbers = json.loads((Path(__file__).resolve().parents[1] / "data/sciworld_eto/taskname2id.json").read_text())
+
+def sciworld_split(file: str, split: str) -> list:
+    """The tasks of one of the authors' split lists (data/sciworld_eto), as the adapter names them."""
+    numbers = json.loads((SCIWORLD_ETO / "taskname2id.json").read_text())
+    return [SimpleNamespace(env="sciworld", task_id=f"{numbers[g]}_{v}", game=g, fold="train", seed=v, split=split)
+            for g, v in json.loads((SCIWORLD_ETO / file).read_text())]
+
+
+def test_sciworld_task_name_ids_map_through_taskname2id(tmp_path):
+    """``task-2a-test-conductivity-of-unknown-substances_262`` is task 10, variation 262 (a training
+    task of the authors' train_indices.json), by the shipped taskname2id.json (before: 'none of its 2
+    trajectories matches')."""
     name = "task-2a-test-conductivity-of-unknown-substances"
-    tasks = [SimpleNamespace(env="sciworld", task_id=f"{numbers[name]}_456", game=name, fold="train", seed=456,
-                             split="train"),
-             SimpleNamespace(env="sciworld", task_id=f"{numbers['task-1-boil']}_3", game="task-1-boil",
-                             fold="train", seed=3, split="train")]
-    assert tasks[0].task_id == "10_456"
-    path = write_json_list(tmp_path / "sciworld_sft.json", [sciworld_entry(f"{name}_456"), sciworld_entry("0_3"),
+    train = sciworld_split("train_indices.json", "train")
+    tasks = [t for t in train if t.task_id in ("10_262", "0_3")]
+    assert sorted(t.task_id for t in tasks) == ["0_3", "10_262"]
+    path = write_json_list(tmp_path / "sciworld_sft.json", [sciworld_entry(f"{name}_262"), sciworld_entry("0_3"),
                                                             sciworld_entry("task-1-boil_4")])
     eps, report = import_experts(path, tasks, "v")
-    assert [e.task_id for e in eps] == ["10_456", "0_3"] and eps[0].game == name
+    assert [e.task_id for e in eps] == ["10_262", "0_3"] and eps[0].game == name
     assert report["unmatched_ids"] == ["task-1-boil_4"]
+
+
+def test_an_experts_file_of_test_split_tasks_says_so_and_names_the_split(tmp_path):
+    """Issue 37, item 7: an experts file whose ids are ScienceWorld tasks of the authors' test split
+    (``task-2a-..._456`` = 10_456, in their test_indices.json, this project's ``unseen``) was refused
+    asking "is it the file of another environment?". It now says which split they are in."""
+    train = sciworld_split("train_indices.json", "train")
+    others = {"'seen' (dev_indices.json)": sciworld_split("dev_indices.json", "seen"),
+              "'unseen' (test_indices.json)": sciworld_split("test_indices.json", "unseen")}
+    assert "10_456" in {t.task_id for t in others["'unseen' (test_indices.json)"]}
+    assert "10_456" not in {t.task_id for t in train}
+    path = write_json_list(tmp_path / "sciworld_sft.json", [
+        sciworld_entry("task-2a-test-conductivity-of-unknown-substances_456"), sciworld_entry("10_450"),
+        sciworld_entry("10_418"), sciworld_entry("99_1")])
+    with pytest.raises(RecordError) as err:
+        import_experts(path, train, "v", other_splits=lambda: others)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: none of its 4 trajectories is a task of the training split of environment 'sciworld'")
+    assert ("2 in split 'unseen' (test_indices.json) (e.g. task-2a-test-conductivity-of-unknown-substances_456 = "
+            "10_456, 10_450); 1 in split 'seen' (dev_indices.json) (e.g. 10_418); 1 match no task") in msg
+    assert "a test task must never be trained on" in msg and "experts.source=gold" in msg
+    assert "another environment" not in msg
+    # beside training tasks, test tasks are imported by no one and counted by split in the report
+    path = write_json_list(tmp_path / "mixed.json", [sciworld_entry("10_262"), sciworld_entry("10_450")])
+    eps, report = import_experts(path, train, "v", other_splits=lambda: others)
+    assert [e.task_id for e in eps] == ["10_262"]
+    assert report["unmatched_in_splits"] == {"'unseen' (test_indices.json)": 1}
 
 
 def test_a_sciworld_file_given_to_a_twx_run_names_the_file_and_both_environments(tmp_path):

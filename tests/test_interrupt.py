@@ -241,6 +241,17 @@ def test_the_line_names_what_the_running_stage_kept(interrupt_state, tmp_path, c
                                           f"in {run / 'bc' / 'checkpoints'}; rerun the same command to resume")
     time.sleep(0.05)
     _stage(run / "eto" / "iter1" / "explore", "explore/iter1", episodes=6)  # the newest running stage
+    # issue 37, trial row 9: stopped before its first episode (no episodes.jsonl, no shard): no file is claimed
+    explored = run / "eto/iter1/explore/episodes.jsonl"
+    assert _interrupt_in(cfg, capsys) == (
+        f"interrupted: explore/iter1 stopped before its first episode was recorded (no {explored} yet: nothing of it "
+        f"to keep; stages finished before it are kept); rerun the same command to resume")
+    (run / "eto" / "iter1" / "explore" / "shards").mkdir()
+    (run / "eto" / "iter1" / "explore" / "shards" / "rank1.jsonl").write_text('{"a": 0}\n')  # a rank's first episode
+    assert _interrupt_in(cfg, capsys) == (
+        f"interrupted: 1 of 6 episodes of explore/iter1 kept in {explored} and {run / 'eto/iter1/explore/shards'}; "
+        f"rerun the same command to resume")
+    (run / "eto" / "iter1" / "explore" / "shards" / "rank1.jsonl").unlink()
     (run / "eto" / "iter1" / "explore" / "episodes.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a"')  # a cut last line
     assert _interrupt_in(cfg, capsys) == (
         f"interrupted: 2 of 6 episodes of explore/iter1 kept in {run / 'eto/iter1/explore/episodes.jsonl'}; "

@@ -145,6 +145,35 @@ def test_rank_0_names_a_failed_or_silent_rank(tmp_path):
     assert wait_for_shards("eval/x", tmp_path, plan, timeout_s=60) == {"injected_faults": 3, "timeout": 3}
 
 
+def test_rank_0_names_a_rank_whose_heartbeat_stopped_and_waits_for_one_that_beats(tmp_path, monkeypatch):
+    """Issue 37, item 6: a rank killed (or its machine lost) while playing its share left rank 0 waiting
+    SHARD_WAIT_S (30 min) for a marker that never came. Its heartbeat stops: rank 0 names it, what it
+    kept and how to resume after the silence; a rank that beats is waited for."""
+    import threading
+
+    from eto_train.rollouts.play import Heartbeat, wait_for_shards
+
+    plan = {"id": "p1", "world_size": 2}
+    (tmp_path / "rank0.done").write_text(json.dumps({"plan": "p1", "faults": {"timeout": 0}}))
+    (tmp_path / "rank1.jsonl").write_text(_lines(["k1"]))
+    (tmp_path / "rank1.alive").write_text(json.dumps({"plan": "p1", "rank": 1, "pid": 4242, "host": "m1", "beat": 7}))
+    with pytest.raises(RuntimeError, match=r"\[eval/x\] rank 1 \(pid 4242 on m1\) stopped: no sign of life for \d+ s "
+                                           r"\(its heartbeat .*rank1.alive stopped at beat 7: a killed process or a lost "
+                                           r"machine\); its 1 recorded episode\(s\) are kept in .*rank1.jsonl\. The stage is "
+                                           r"not done .* run the same command again, on every machine"):
+        wait_for_shards("eval/x", tmp_path, plan, timeout_s=60, poll_s=0.05, silence_s=0.3)
+    (tmp_path / "rank1.alive").unlink()
+    monkeypatch.setenv("ETO_TRAIN_RANK_SILENCE_S", "2")  # a beat every 0.5 s
+    beat = Heartbeat(tmp_path, plan)
+    beat.path = tmp_path / "rank1.alive"  # as rank 1 would write it
+    done = threading.Timer(3.0, lambda: (tmp_path / "rank1.done").write_text(
+        json.dumps({"plan": "p1", "faults": {"timeout": 1}})))
+    with beat:
+        done.start()
+        assert wait_for_shards("eval/x", tmp_path, plan, timeout_s=60, poll_s=0.05) == {"timeout": 1}
+    assert json.loads((tmp_path / "rank1.alive").read_text())["beat"] >= 4
+
+
 def test_a_plan_left_by_a_killed_run_is_not_taken(tmp_path, monkeypatch):
     import time
 

@@ -146,7 +146,7 @@ def test_self_pair_and_stats():
 # golden_rewards[idx] = 1.0 for sciworld and item['reward'] for webshop; build_preference_alfworld
 # 1.0 for alfworld. Cases: a ScienceWorld expert whose file reward is 0.72.
 def env_ep(env, actions, score, policy="expert"):
-    e = ep(actions, score, policy=policy, task="10_456")
+    e = ep(actions, score, policy=policy, task="10_262")  # a training task of the authors' train_indices.json
     e.env = env
     return e
 
@@ -169,7 +169,7 @@ def test_authors_rule_scores_a_sciworld_expert_one_so_an_agent_at_0_8_is_rejecte
     (p,) = pairs_of("authors", expert, agent)
     assert (p.chosen_policy, p.rejected_policy, p.chosen_score, p.rejected_score) == ("expert", "bc@w", 1.0, 0.8)
     stats = built("authors", expert, agent)[1]["expert_reward"]
-    assert stats == {"rule": "authors", "experts_read_as_1": 1, "examples": ["10_456"]}
+    assert stats == {"rule": "authors", "experts_read_as_1": 1, "examples": ["10_262"]}
     (q,) = pairs_of("file", expert, agent)  # the file's reward: the agent beats 0.72 and is chosen
     assert (q.chosen_policy, q.chosen_score, q.rejected_score) == ("bc@w", 0.8, 0.72)
     assert expert.final_score == 0.72  # the expert record itself is untouched

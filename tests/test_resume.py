@@ -206,3 +206,72 @@ def test_resume_checkpoint_skips_a_half_written_one_and_drops_another_configs(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1", "checkpoint-3"]
     assert resume_checkpoint(tmp_path, resumable=False) is None and not tmp_path.exists()
     assert resume_checkpoint(tmp_path, resumable=True) is None
+
+
+def _trainer_like_checkpoint(folder: Path, step: int) -> Path:
+    """A checkpoint-<step> holding what the Trainer writes: weights, optimizer, scheduler, RNG state
+    (numpy's among them, as Trainer._save_rng_state), trainer_state.json last."""
+    import random
+
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = folder / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt / "model.safetensors"))
+    torch.save(opt.state_dict(), ckpt / "optimizer.pt")
+    torch.save(sched.state_dict(), ckpt / "scheduler.pt")
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+               ckpt / "rng_state.pth")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return ckpt
+
+
+def test_a_damaged_checkpoint_is_named_set_aside_and_the_one_before_resumed(tmp_path, capsys):
+    """Issue 37, trial row 4: a killed bc whose last checkpoint has a corrupt optimizer.pt (cut to
+    1,000 bytes) or an rng_state.pth that torch.load(weights_only=True) refuses stopped every rerun in
+    the Trainer's load. It is now named, set aside (not deleted), and the one before is resumed; when
+    none loads, training starts over."""
+    import datetime
+
+    import torch
+
+    from eto_train.training.resume import SET_ASIDE, checkpoint_problem
+
+    stage = tmp_path / "bc"
+    ckpts = stage / "checkpoints"
+    for step in (2, 4, 6):
+        _trainer_like_checkpoint(ckpts, step)
+    assert all(checkpoint_problem(ckpts / f"checkpoint-{s}") is None for s in (2, 4, 6))  # whole ones pass
+    opt = ckpts / "checkpoint-6" / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[:1000])
+    cut = opt.read_bytes()
+    assert resume_checkpoint(ckpts, resumable=True, name="bc") == str(ckpts / "checkpoint-4")
+    err = capsys.readouterr().err
+    aside = stage / SET_ASIDE
+    assert err.startswith(f"[bc] 1 checkpoint(s) in {ckpts} cannot be resumed: checkpoint-6: optimizer.pt: ")
+    assert "zip archive" in err and f"set aside (not deleted) as {aside / 'checkpoint-6'}" in err
+    assert "So resuming from checkpoint-4, the newest checkpoint that loads" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in ckpts.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert (aside / "checkpoint-6" / "optimizer.pt").read_bytes() == cut  # kept as it was
+    # an RNG state the weights-only unpickler refuses (a global it does not allow), in both that are left
+    for step in (2, 4):
+        torch.save({"python": None, "when": datetime.date(2026, 1, 1)}, ckpts / f"checkpoint-{step}" / "rng_state.pth")
+    assert resume_checkpoint(ckpts, resumable=True, name="bc") is None
+    err = capsys.readouterr().err
+    assert "2 checkpoint(s)" in err and "checkpoint-4: rng_state.pth: Weights only load failed" in err
+    assert "training starts from the beginning: no earlier checkpoint loads" in err
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert list(ckpts.iterdir()) == []
+    # a second damaged checkpoint-6 later: a name of its own, nothing overwritten
+    _trainer_like_checkpoint(ckpts, 6)
+    (ckpts / "checkpoint-6" / "trainer_state.json").write_text("{cut")
+    assert resume_checkpoint(ckpts, resumable=True, name="bc") is None
+    assert "checkpoint-6: trainer_state.json: " in capsys.readouterr().err
+    assert len([p for p in aside.iterdir() if p.name.startswith("checkpoint-6")]) == 2

@@ -31,6 +31,23 @@ CORPUS = {
     "aws": ("[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = "
             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n", ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG"],
             ["aws_access_key_id = ", "aws_secret_access_key = "]),
+    # issue 37's trials: the secret half of an AWS key pair outside a credentials file, and an Azure
+    # connection string's key (one of 88 characters and a shorter one)
+    "aws_bare_pair": ("keys: AKIAIOSFODNN7EXAMPLE wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY done",
+                      ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "bPxRfiCYEXAMPLEKEY"], ["keys: ", " done"]),
+    "aws_iam_json": ('{"AccessKey": {"AccessKeyId": "AKIAI44QH8DHBEXAMPLE", "SecretAccessKey": '
+                     '"je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY", "Status": "Active"}}',
+                     ["AKIAI44QH8DHBEXAMPLE", "je7MtGbClwBF", "h3yCo8nvbEXAMPLEKEY"], ['"SecretAccessKey": "']),
+    "aws_csv": ("User name,Access key ID,Secret access key\nci,AKIAJ7Q2EXAMPLE5RTZA,Xk2PqLr9zT/4mWnB8vYcE+3sHdJfG6aKu1oN0iE7",
+                ["AKIAJ7Q2EXAMPLE5RTZA", "Xk2PqLr9zT", "3sHdJfG6aKu1oN0iE7"], ["Secret access key\nci,"]),
+    "azure_storage": ("conn = DefaultEndpointsProtocol=https;AccountName=acmestore;AccountKey="
+                      "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6QUJDREVGR0g5OTk5OTk5OT"
+                      "==;EndpointSuffix=core.windows.net",
+                      ["Zm9vYmFyYmF6cXV4MTIz", "g5OTk5OTk5OT", "k5OT=="],
+                      ["DefaultEndpointsProtocol=https;AccountName=acmestore;AccountKey=", ";EndpointSuffix=core.windows.net"]),
+    "azure_short_key": ("AZURE_STORAGE_CONNECTION_STRING=DefaultEndpointsProtocol=https;AccountName=dev;AccountKey="
+                        "dGVzdGtleXRlc3RrZXl0ZXN0a2V5dGVzdGtleXRlc3RrZXl0ZXN0a2V5dGVzdGtleQ==;EndpointSuffix=core.windows.net",
+                        ["dGVzdGtleXRlc3Rr", "dGVzdGtleQ=="], [";EndpointSuffix=core.windows.net"]),
     "github_classic": ("git clone https://ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789@github.com/acme/repo",
                        ["ghp_", "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"], ["git clone https://", "@github.com/acme/repo"]),
     "github_fine_grained": ("GITHUB_TOKEN=github_pat_11ABCDEFG0123456789_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789AbCdEf",

@@ -195,13 +195,36 @@ def _log_dir_overrides(cfg, job: str, rest: list[str]) -> list[str]:
     logs = run / LOGS  # as hydra.run.dir in configs/config.yaml
     _fresh[:] = [p for p in (logs, *logs.absolute().parents) if not p.exists()]  # deepest first
     if writable(logs):
-        return []
+        return [f"hydra.run.dir={_own_log_dir(logs, job)}"]
     import tempfile
 
     where = Path(tempfile.gettempdir()) / "eto-train-logs" / str(cfg.run_name)
     sys.stderr.write(f"{PROG}: note: {run} is not writable; this command's log folder is under {where}\n")
     _fresh.clear()
-    return [f"hydra.run.dir={where}/${{now:%Y%m%d-%H%M%S}}-{job}"]
+    return [f"hydra.run.dir={_own_log_dir(where, job)}"]
+
+
+def _own_log_dir(logs: Path, job: str) -> Path:
+    """This command's own log folder ``<logs>/<time>-<job>``, made here (``-2``, ``-3``, ... when a
+    command of the same stage took that second's name: three evals started together each keep
+    their resolved config and log; under ``accelerate launch`` each process gets its own, ``-rank<r>``
+    for the global rank r > 0, on one machine or several). Hydra
+    then writes into it (configs/config.yaml's ``hydra.run.dir`` has the same form)."""
+    import time
+
+    from .distributed import rank
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    mine = f"{stamp}-{job}" + (f"-rank{rank()}" if rank() else "")  # accelerate launch: rank 0's has the plain name
+    logs.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        folder = logs / (mine if n == 1 else f"{mine}-{n}")
+        try:
+            folder.mkdir()  # atomic: exactly one command gets each name
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{logs}: 10,000 log folders named {stamp}-{job}-<n>")  # pragma: no cover
 
 
 def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
@@ -218,6 +241,9 @@ def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
         cfg = _composer(job)(rest)  # before Hydra makes a folder
         from .device_check import check_device
 
+        from .layout import check_run_folder
+
+        check_run_folder(cfg)  # run_name inside paths.runs, paths.runs a folder: before any folder is made
         check_device(cfg, name)
         extra = _log_dir_overrides(cfg, job, rest)
     # Hydra reads sys.argv: the stage's own arguments, with the job name (the log folder's name)

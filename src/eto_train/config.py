@@ -208,9 +208,21 @@ class Section(BaseModel):
         return self.model_dump(mode="json", exclude_unset=True)
 
 
+def _folder(v: str) -> str:
+    from .layout import not_a_folder
+
+    blocker = not_a_folder(v)
+    if blocker is not None:
+        raise allowed(f"a folder, or a path where one can be made: {blocker} is a regular file")
+    return v
+
+
+Folder = Annotated[str, Field(min_length=1), AfterValidator(_folder), Rule("a folder, or a path where one can be made")]
+
+
 class Paths(Section):
-    runs: Text()
-    run: Text()
+    runs: Folder
+    run: Folder
     base: Text()
     experts: Text()
     tiny_model: Text()
@@ -900,11 +912,20 @@ def _unique_seeds(v: list[int]) -> list[int]:
     return v
 
 
+def _run_name(v: str) -> str:
+    from .layout import run_name_problem
+
+    why = run_name_problem(v)
+    if why:
+        raise allowed(why)
+    return v
+
+
 class Config(Section):
     """The whole composed config (configs/config.yaml and its groups), validated."""
 
     unknown = "not a section of the config"
-    run_name: Text()
+    run_name: Annotated[str, AfterValidator(_run_name), Rule("a folder name inside paths.runs")]
     seed: Int(ge=0, le=SEED_MAX) = 0
     seeds: Annotated[Optional[Annotated[list[Annotated[int, Field(ge=0, le=SEED_MAX)]], Field(min_length=1),
                                         AfterValidator(_unique_seeds)]],

@@ -116,17 +116,89 @@ def _size(n: float) -> str:
     return ""  # unreachable
 
 
+def free_inodes(path: str | Path) -> tuple[int, int] | None:
+    """(free, total) inodes of the file system holding ``path``; None where it does not count them
+    (a total of 0: btrfs, some network file systems)."""
+    try:
+        st = os.statvfs(_existing(Path(path)))
+    except (OSError, AttributeError):
+        return None
+    return (st.f_favail, st.f_files) if st.f_files else None
+
+
 def disk_message(exc: OSError, stage: str | None = None) -> str:
-    """A full disk or a folder that cannot be written, as one block: stage, path, free space, what to do."""
+    """A full disk or a folder that cannot be written, as one block: stage, path, free space, what to do.
+    ENOSPC on a file system with bytes left but no free inode says inodes (one per file or folder)."""
     path = exc.filename or "?"
     what = DISK_ERRNOS.get(exc.errno, exc.strerror or "cannot write")
     where = f" [{stage}]" if stage else ""
+    inodes = free_inodes(path) if exc.errno == errno.ENOSPC else None
+    if inodes is not None and inodes[0] == 0:
+        return (f"cannot write{where} {path}: no free inodes left on its file system (0 of {inodes[1]:,} inodes free, "
+                f"one per file or folder; {free_space(path)}: the space is there, the file count is not); remove "
+                f"files you do not need there (many small ones, e.g. old runs' logs or caches) and rerun the same "
+                f"command: finished work is kept and an interrupted stage resumes")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         todo = "free space and rerun the same command: finished work is kept and an interrupted stage resumes"
     else:
         todo = ("make the folder writable (or point paths.runs at a writable folder) and rerun the same command: "
                 "finished work is kept")
     return f"cannot write{where} {path}: {what} ({free_space(path)}); {todo}"
+
+
+# -- a library's write that failed for lack of space ---------------------------------------------------
+# torch's zip writer (``[enforce fail at inline_container.cc:...] . unexpected pos``, ``PytorchStreamWriter
+# failed writing file ...: file write failed``) and safetensors (``IoError(Os { code: 28, kind: StorageFull``)
+# report a full disk without an errno or a path
+_WRITER_FAILED = re.compile(r"inline_container\.cc|unexpected pos|PytorchStreamWriter failed|file write failed"
+                            r"|IoError|Error while serializing", re.I)
+_SAYS_FULL = re.compile(r"No space left on device|StorageFull|os error 28|code: 28\b|Disk quota exceeded"
+                        r"|QuotaExceeded|os error 122", re.I)
+
+
+def _full(folder: Path) -> int | None:
+    """ENOSPC or EDQUOT when ``folder``'s file system cannot take 1 MiB more (tried: a file written,
+    synced and removed), or has no free inode; else None."""
+    inodes = free_inodes(folder)
+    if inodes is not None and inodes[0] == 0:
+        return errno.ENOSPC
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".eto-space-probe-", dir=_existing(folder))
+    except OSError as exc:
+        return exc.errno if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    try:
+        os.write(fd, b"\0" * (1 << 20))
+        os.fsync(fd)
+    except OSError as exc:
+        return exc.errno if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    return None
+
+
+def as_disk_error(exc: BaseException, path: str | Path) -> OSError | None:
+    """``exc`` (raised while writing under ``path``) as the disk error it is, or None: an OSError
+    ENOSPC/EDQUOT anywhere in its chain, or a write of torch's or safetensors' that failed (their
+    messages name neither the errno nor the file) while ``path``'s file system is full. The OSError
+    names ``path``, so the CLI prints the one block (stage, path, free space, what to do)."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(e.errno, os.strerror(e.errno), e.filename or str(path))
+        e = e.__cause__ or e.__context__
+    text = str(exc)
+    if _SAYS_FULL.search(text):
+        code = errno.EDQUOT if re.search(r"quota|os error 122", text, re.I) else errno.ENOSPC
+        return OSError(code, os.strerror(code), str(path))
+    if _WRITER_FAILED.search(text):
+        code = _full(Path(path))
+        if code is not None:
+            return OSError(code, os.strerror(code), str(path))
+    return None
 
 
 # -- a key of another section ---------------------------------------------------------------------
@@ -301,13 +373,14 @@ def remove_empty_tree(folder: Path) -> None:
 
 def writable(folder: Path) -> bool:
     """Whether a folder can be created in (or under) ``folder``: tried, not guessed (root ignores
-    permission bits; a read-only mount refuses root too)."""
+    permission bits; a read-only mount refuses root too). A full file system counts as writable."""
     import tempfile
 
     base = _existing(folder)
     try:
         probe = tempfile.mkdtemp(prefix=".eto-write-probe-", dir=base)
-    except OSError:
-        return False
+    except OSError as exc:
+        # a full file system (no space, no inode, quota) is writable: the write that fails says so, in one block
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
     os.rmdir(probe)
     return True

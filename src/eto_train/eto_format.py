@@ -82,8 +82,12 @@ def has_opening(conv: list[dict[str, str]]) -> bool:
 # -- SFT trajectories ---------------------------------------------------------------------------
 def eto_id(ep: Episode) -> str:
     """The id the authors' tools key on: ScienceWorld ``<task number>_<variation>``, WebShop the
-    goal index, ALFWorld the trial folder (``game_file`` carries the whole path)."""
-    return ep.task_id.rsplit("/", 1)[-1] if ep.env == "alfworld" else ep.task_id
+    goal index, ALFWorld the trial folder (``game_file`` carries the whole path); any other id in
+    its file-safe form (:func:`file_safe`: TWX's ``mapreader/train/7`` is ``mapreader+2Ftrain+2F7``),
+    the name of its evaluation-output file, which their ``construct_preference.py`` keys the
+    explorations on: the gold file (``format=eto``) and the explorations (``format=eto_eval``) then
+    match as they are. The import maps it back (:func:`task_index`)."""
+    return ep.task_id.rsplit("/", 1)[-1] if ep.env == "alfworld" else file_safe(ep.task_id)
 
 
 def to_eto(ep: Episode, id: str | None = None) -> dict[str, Any]:
@@ -152,6 +156,7 @@ def task_index(tasks: Iterable[Any]) -> dict[str, Any]:
     index: dict[str, Any] = {}
     for t in tasks:
         index[t.task_id] = t
+        index.setdefault(file_safe(t.task_id), t)  # eto_id's form of an id with '/' (TWX), as the export writes it
         index.setdefault(agenttraj_id(t), t)  # AgentTraj's item_id (an AgentGym task's is its task_id)
         if t.env == "alfworld":
             index.setdefault(t.task_id.rsplit("/", 1)[-1], t)  # the trial folder alone
@@ -349,16 +354,42 @@ def read_eto_file(path: str | os.PathLike, env: str = "eto-import", split: str =
     return out
 
 
-def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tuple[list[Episode], dict[str, Any]]:
+def _in_other_splits(objs: list[dict[str, Any]], other_splits) -> dict[str, list[str]]:
+    """The entries of ``objs`` (matching no training task) that are tasks of another split of the
+    environment: split label -> their ids (``other_splits()``: label -> that split's tasks)."""
+    if other_splits is None or not objs:
+        return {}
+    try:
+        splits = other_splits()
+    except Exception:  # noqa: BLE001 - the message must not fail because a split cannot be listed
+        return {}
+    found: dict[str, list[str]] = {}
+    indexes = {label: task_index(t) for label, t in splits.items()}
+    for obj in objs:
+        for label, index in indexes.items():
+            task = match_task(obj, index)
+            if task is not None:
+                found.setdefault(label, []).append(f"{obj.get('game_file', obj.get('id'))}"
+                                                   + (f" = {task.task_id}" if str(obj.get("id")) != task.task_id else ""))
+                break
+    return found
+
+
+def import_experts(path: str | os.PathLike, tasks: list, env_version: str,
+                   other_splits=None) -> tuple[list[Episode], dict[str, Any]]:
     """Expert episodes from the authors' SFT file (or AgentGym's AgentTraj), each bound to the
     training task it belongs to.
 
     Every entry is checked first (a malformed one names file, line and item); entries whose id
     matches no task of ``tasks`` are reported, not imported; a second entry for a task is
-    reported and skipped. Raises when no entry matches any task.
+    reported and skipped. Raises when no entry matches any task. ``other_splits`` (a callable:
+    split label -> the environment's tasks of that split) tells tasks of another split (a test
+    split) from ids of no task: the report counts them, and a file of nothing else is refused
+    naming the split.
     """
     index = task_index(tasks)
     episodes, unmatched, duplicates, seen = [], [], [], set()
+    unmatched_objs: list[dict[str, Any]] = []
     total = 0
     for where, obj in _json_items(Path(path)):
         total += 1
@@ -370,12 +401,24 @@ def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tu
         task = match_task(obj, index)
         if task is None:
             unmatched.append(str(obj.get("game_file", obj.get("id"))))
+            unmatched_objs.append(obj)
             continue
         if task.task_id in seen:
             duplicates.append(task.task_id)
             continue
         seen.add(task.task_id)
         episodes.append(bind_task(ep, task, env_version))
+    elsewhere = _in_other_splits(unmatched_objs, other_splits)
+    if not episodes and elsewhere:
+        run_env = tasks[0].env if tasks else "-"
+        where = "; ".join(f"{len(ids)} in split {label} (e.g. {', '.join(ids[:3])})" for label, ids in elsewhere.items())
+        rest = len(unmatched) - sum(map(len, elsewhere.values()))
+        raise RecordError(
+            f"{path}: none of its {total} trajectories is a task of the training split of environment {run_env!r} "
+            f"({len(tasks)} tasks, ids like {tasks[0].task_id if tasks else '-'}): they are tasks of its other "
+            f"splits: {where}{f'; {rest} match no task' if rest else ''}. Experts are the training tasks' (BC and the "
+            f"pairs train on them, and a test task must never be trained on): give the authors' file of the "
+            f"training split (their {run_env}_sft.json), or experts.source=gold. Nothing was written")
     if not episodes:
         run_env = tasks[0].env if tasks else "-"
         theirs = guess_env(unmatched)
@@ -388,6 +431,7 @@ def import_experts(path: str | os.PathLike, tasks: list, env_version: str) -> tu
                           f"(experts.source=gold, or a file of {run_env!r})")
     report = {"source": str(path), "entries": total, "imported": len(episodes),
               "unmatched": len(unmatched), "unmatched_ids": unmatched[:20],
+              "unmatched_in_splits": {label: len(ids) for label, ids in elsewhere.items()},
               "duplicates": len(duplicates), "duplicate_ids": duplicates[:20],
               "tasks_without_expert": len(tasks) - len(episodes)}
     return episodes, report
@@ -422,6 +466,13 @@ def file_safe(id: str) -> str:
     ``_`` and ``-`` (TWX ids hold ``/``; a ``.`` would end the id for ``file.split('.')[0]``)
     becomes ``+XX`` (its hex code), so distinct ids never share a file."""
     return re.sub(r"[^A-Za-z0-9_-]", lambda m: "".join(f"+{b:02X}" for b in m.group().encode()), id)
+
+
+def _file_name(id: str) -> str:
+    """An evaluation output's file name (without ``.json``): the record's id as it is when it is one
+    already (:func:`eto_id` made it file-safe: their reader then gives back the gold file's id), else
+    :func:`file_safe` of it."""
+    return id if re.fullmatch(r"[A-Za-z0-9_+-]+", id) else file_safe(id)
 
 
 def prompt_example(version: str) -> list[dict[str, str]] | None:
@@ -470,12 +521,13 @@ def to_eval_output(ep: Episode, id: str | None = None, example: list[dict[str, s
         error = f"{ALFWORLD_DATA_ROOT}/{ep.fold}/{ep.task_id}/game.tw-pddl"
     meta = {"steps": ep.num_steps, "reward": ep.final_score, "finished": True,
             "success": ep.success, "terminate_reason": "success" if ep.success else ep.status, "error": error}
-    return {"id": id or eto_id(ep), "env": ep.env, "meta": meta, "conversations": conv}
+    return {"id": id or eto_id(ep), "task_id": ep.task_id, "env": ep.env, "meta": meta, "conversations": conv}
 
 
 def write_eval_outputs(out: str | os.PathLike, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``rows`` (:func:`to_eval_output`) as ``out/<env>/<file-safe id>.json``, one file per
-    record, and ``out/ids.jsonl`` (file -> id); the folder is written aside and swapped in whole.
+    """``rows`` (:func:`to_eval_output`) as ``out/<env>/<id>.json``, one file per record (the id is
+    :func:`eto_id`'s, file-safe, the gold file's id: their reader matches the two as they are), and
+    ``out/ids.jsonl`` (file -> id and task id); the folder is written aside and swapped in whole.
     ``out`` is what their construct_preference.py calls ``outputs/<model>``."""
     import shutil
 
@@ -486,18 +538,21 @@ def write_eval_outputs(out: str | os.PathLike, rows: list[dict[str, Any]]) -> di
         raise ValueError(f"export.output: {out}: the authors' evaluation layout is a folder (one file per task), "
                          f"e.g. {out.with_suffix('')}/outputs/<model name>")
     files: dict[str, str] = {}
+    task_ids: dict[str, str] = {}
     for r in rows:
-        name = f"{r.get('env', 'episodes')}/{file_safe(str(r['id']))}.json"
+        name = f"{r.get('env', 'episodes')}/{_file_name(str(r['id']))}.json"
         if name in files:
             raise ValueError(f"export: two records would both be {name} (ids {files[name]!r} and {r['id']!r})")
         files[name] = str(r["id"])
+        task_ids[name] = str(r.get("task_id", r["id"]))
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     for r, name in zip(rows, files):
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / name).write_text(json.dumps(r, ensure_ascii=False, indent=4) + "\n", encoding="utf-8")
     tmp.mkdir(parents=True, exist_ok=True)
-    write_atomic(tmp / IDS_FILE, "".join(json.dumps({"file": n, "id": i}) + "\n" for n, i in files.items()))
+    write_atomic(tmp / IDS_FILE, "".join(json.dumps({"file": n, "id": i, "task_id": task_ids[n]}) + "\n"
+                                         for n, i in files.items()))
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         out.rename(old)

@@ -145,7 +145,10 @@ def export_training_data(inputs: str | os.PathLike | list, output: str | os.Path
                 skipped[ep.status] = skipped.get(ep.status, 0) + 1
                 continue
             records.append(ep)
-    episode_id = agenttraj_id if cfg.format == "agenttraj" else eto_id  # the id the format's readers key on
+    # the id the format's readers key on: AgentTraj's item_id; the authors' (file-safe: their gold file and
+    # evaluation-output files match as they are); chat messages and records keep the task's own id
+    episode_id = {"agenttraj": agenttraj_id, "eto": eto_id, "eto_eval": eto_id}.get(
+        cfg.format, lambda ep: ep.task_id.rsplit("/", 1)[-1] if ep.env == "alfworld" else ep.task_id)
     ids = _distinct_ids([episode_id(r) if isinstance(r, Episode) else r.task_id for r in records])
     rows = [_pair_record(r, cfg.format, i) if isinstance(r, Pair) else _episode_record(r, cfg.format, i)
             for r, i in zip(records, ids)]

@@ -124,9 +124,14 @@ class _Guard:
         name = manifest.get("stage", folder.name)
         episodes = layout.episodes(folder)
         total = (manifest.get("config") or {}).get("episodes")
+        shard_files = sorted((folder / layout.SHARDS).glob("rank*.jsonl"))
+        if total is not None and not episodes.exists() and not shard_files:
+            # a rollout stage stopped before its first episode (loading the policy, starting the games)
+            return (f"interrupted: {name} stopped before its first episode was recorded (no {episodes} yet: nothing "
+                    f"of it to keep; stages finished before it are kept); {again}")
         if episodes.exists() or total is not None:
             # a data-parallel play keeps what each rank recorded in its shard until the merge
-            sharded = sum(map(_complete_lines, (folder / layout.SHARDS).glob("rank*.jsonl")))
+            sharded = sum(map(_complete_lines, shard_files))
             n = _complete_lines(episodes) + sharded
             of = f" of {total}" if total is not None else ""
             where = f"{episodes} and {folder / layout.SHARDS}" if sharded else episodes

@@ -29,6 +29,7 @@ The repository's own folders (``configs/``, the shipped ``data/`` and ``models/`
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,62 @@ def from_repo(path: str | Path, exists=Path.exists) -> Path:
     ``data/...`` is found from anywhere."""
     p = Path(path)
     return REPO_ROOT / p if not p.is_absolute() and not exists(p) else p
+
+
+# -- the run folder's name and its root: checked before anything is written ----------------------------
+
+def run_name_problem(name: str) -> str | None:
+    """Why ``run_name`` cannot name a folder inside ``paths.runs`` (None when it can): it is a
+    relative path of plain names (``demo``, ``study/seed3``); ``..``, ``.``, an empty name or an
+    absolute path would put the run's files elsewhere (``run_name=../../tmp/x`` wrote outside it)."""
+    name = str(name)
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or not name:
+        bad = "an absolute path" if name else "empty"
+    elif ".." in parts:
+        bad = "its '..' leaves paths.runs"
+    elif any(p in ("", ".") for p in parts):
+        bad = "a '.' or empty part"
+    else:
+        return None
+    return f"{bad}; a run's name is a folder name inside paths.runs, or names joined by '/' (demo, study/seed3)"
+
+
+def not_a_folder(path: str | Path) -> Path | None:
+    """The nearest existing part of ``path`` (itself or a parent) when it is not a folder (a regular
+    file where a folder must be made), else None."""
+    p = Path(path).absolute()
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        p = p.parent
+    return None if p.is_dir() else p
+
+
+def check_run_folder(cfg) -> None:
+    """``run_name`` and ``paths.runs`` / ``paths.run`` can hold a run: one
+    :class:`~eto_train.errors.ConfigError` naming the value (exit 2) before any folder is made."""
+    from omegaconf import OmegaConf
+
+    from .errors import ConfigError
+
+    lines = []
+    name = OmegaConf.select(cfg, "run_name", default=None)
+    why = run_name_problem(str(name)) if name is not None else None
+    if why:
+        runs = OmegaConf.select(cfg, "paths.runs", default="runs")
+        lines.append(f"run_name={name}: {why}; its folder would be {os.path.normpath(Path(runs).absolute() / str(name))}, "
+                     f"outside paths.runs={runs}")
+    for key in ("paths.runs", "paths.run"):
+        try:
+            value = OmegaConf.select(cfg, key, default=None)
+        except Exception:  # an interpolation the typed config names
+            continue
+        blocker = not_a_folder(value) if value is not None else None
+        if blocker is not None:
+            lines.append(f"{key}={value}: {blocker} is a regular file, not a folder; point {key} at a folder "
+                         f"(e.g. {key}=runs) or move the file away")
+            break
+    if lines:
+        raise ConfigError(lines)
 
 
 # -- names inside any stage's folder -----------------------------------------------------------------

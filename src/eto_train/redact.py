@@ -30,6 +30,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
+# an AWS secret access key: 40 characters of base64 with both cases (a sha1 in hex has no capitals)
+_AWS_SECRET = r"(?P<secret>(?=[A-Za-z0-9/+]{0,39}[a-z])(?=[A-Za-z0-9/+]{0,39}[A-Z])[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
+
 # The project's named patterns; a ``secret`` group, when present, is all that is replaced.
 PATTERNS: dict[str, str] = {
     "private key (PEM block)":  # the whole block, or to the end of the text when it was cut
@@ -46,6 +49,20 @@ PATTERNS: dict[str, str] = {
     # not "the bearer responsibilities"
     "AWS secret access key": r"(?i)\baws[A-Za-z0-9_.-]{0,20}?(?:secret|key)[A-Za-z0-9_.-]{0,20}\s*[:=]\s*[\"']?"
                              r"(?P<secret>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
+    # its other names (``"SecretAccessKey": ...`` of `aws iam create-access-key`, ``secret_access_key:``,
+    # a credentials CSV's ``Secret access key`` column), and a bare 40-character secret written beside
+    # its key id (``AKIA...`` within 300 characters, either side): mixed case, so never a sha1 in hex
+    "AWS secret access key (named)": r"(?i)\bsecret[ _-]?access[ _-]?key[\"']?\s*[:=,]\s*[\"']?"
+                                     r"(?P<secret>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
+    "AWS secret access key (beside its key id)":
+        r"\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b[\s\S]{0,300}?(?<![A-Za-z0-9/+=])" + _AWS_SECRET,
+    "AWS secret access key (before its key id)":
+        r"(?<![A-Za-z0-9/+=])" + _AWS_SECRET + r"[\s\S]{0,300}?\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b",
+    # an Azure connection string's key (storage ``AccountKey=``, Service Bus / Event Hubs ``SharedAccessKey=``,
+    # a SAS ``SharedAccessSignature=``), whatever its length: detect-secrets' AzureStorageKeyDetector takes
+    # exactly 88 characters after ``AccountKey=`` (a shorter or padded key survived, or its padding did)
+    "Azure connection string key": r"(?i)\b(?:AccountKey|SharedAccessKey|SharedAccessSignature)\s*=\s*"
+                                   r"(?P<secret>[^;\s\"']{8,})",
     # ``password = ...``, ``DB_PASSWORD: ...``, ``api_key=...``; the weak words (secret, token, pwd) only
     # inside a name (SECRET_KEY, session_token, db_pwd), not "The secret: ..." of a game's text
     "password assignment": r"(?i)(?<![A-Za-z0-9])(?:[A-Za-z0-9_.-]*(?:password|passwd|passphrase|api[_-]?key"

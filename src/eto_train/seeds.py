@@ -151,6 +151,10 @@ def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) ->
 
 def write(run: Path, stage: str, result: dict[str, Any]) -> None:
     """``<run>/seeds.json`` (this stage's entry replaced, the other stage's kept) and ``seeds.md``."""
+    from .distributed import is_main
+
+    if not is_main():  # one writer per file: the main process
+        return
     path = layout.seeds_file(run, ".json")
     try:
         every = _read(path) if path.exists() else {}

@@ -72,8 +72,50 @@ def umask_modes(folder: str | os.PathLike) -> int:
     return changed
 
 
+def json_text(obj: Any) -> str:
+    """``obj`` as :func:`write_json` writes it."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def jsonl_text(rows: Iterable[dict[str, Any]]) -> str:
+    """``rows`` as :func:`write_jsonl` writes them."""
+    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    write_atomic(path, json_text(obj))
+
+
+MAIN_WRITE_WAIT_S = 1800.0  # how long another process waits for the main one's copy of a file it reads next
+
+
+def write_main(path: str | os.PathLike, text: str, wait_s: float | None = None) -> None:
+    """One writer per file under ``accelerate launch``, on one machine or several: the main process
+    (global rank 0, never a machine's "local main") writes ``text`` whole; every other process writes
+    nothing, and with ``wait_s`` waits until the file holds exactly ``text`` (it is what it reads next,
+    e.g. the pairs file DPO hashes as its input), then an error naming the file and both ranks."""
+    from .distributed import is_main, poll, rank
+
+    path = Path(path)
+    if is_main():
+        write_atomic(path, text)
+        return
+    if wait_s is None:
+        return
+    want = text.encode("utf-8")
+
+    def same():
+        try:
+            return True if path.read_bytes() == want else None
+        except OSError:
+            return None
+
+    try:
+        poll(same, poll_s=2.0, timeout_s=wait_s)
+    except TimeoutError:
+        raise RuntimeError(f"[rank {rank()}] {path}: the main process (rank 0) has not written what this process built "
+                           f"after {wait_s:.0f} s (the file is missing or differs): the ranks disagree on their inputs, or "
+                           f"rank 0 stopped; run the same command again on every machine") from None
 
 
 def write_json_if_changed(path: str | os.PathLike, obj: Any) -> bool:
@@ -91,7 +133,7 @@ def write_json_if_changed(path: str | os.PathLike, obj: Any) -> bool:
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
     """A whole JSON Lines file, written atomically (temporary file, then rename)."""
-    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+    write_atomic(path, jsonl_text(rows))
 
 
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
@@ -267,7 +309,9 @@ def identity_sha256(folder: str | os.PathLike, kind: str, files: list[Path], ful
 
 
 def _keep_identity(folder: Path, kind: str, entry: dict[str, Any]) -> None:
-    if not os.access(folder, os.W_OK):
+    from .distributed import is_main
+
+    if not os.access(folder, os.W_OK) or not is_main():  # one writer per file: the main process's sidecar
         return
     entries = {k: v for k, v in _read_identities(folder).items() if _valid_entry(v)}
     entries[kind] = entry

@@ -25,6 +25,7 @@ ranks; several items of one task share the counts in play order, as in one proce
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import time
@@ -54,6 +55,54 @@ from .progress import RolloutProgress
 # a rerun of a finished stage replaces exactly these, once it has played every episode
 OUTPUTS = [layout.EPISODES, layout.METRICS]
 SHARD_WAIT_S = 1800  # rank 0 waits at least this long (or twice its own share's time) for the other shards
+# A rank playing its share beats every few seconds (shards/rank<r>.alive); rank 0 names a rank whose beat
+# stopped for this long (a killed process, a lost machine) instead of waiting SHARD_WAIT_S for it.
+# ETO_TRAIN_RANK_SILENCE_S overrides it (a slow shared file system may need more).
+RANK_SILENCE_S = 120.0
+SILENCE_ENV = "ETO_TRAIN_RANK_SILENCE_S"
+
+
+def rank_silence_s() -> float:
+    try:
+        return float(os.environ.get(SILENCE_ENV, RANK_SILENCE_S))
+    except ValueError:
+        return RANK_SILENCE_S
+
+
+class Heartbeat:
+    """While a rank plays its share: ``shards/rank<r>.alive`` rewritten every few seconds by a thread
+    ({plan, rank, pid, host, beat}); rank 0 compares beats, never clocks (two machines' clocks differ)."""
+
+    def __init__(self, shards: Path, plan: dict) -> None:
+        import threading
+
+        self.path, self.plan, self.beat = shards / f"rank{rank()}.alive", plan["id"], 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="eto-heartbeat", daemon=True)
+
+    def _write(self) -> None:
+        import socket
+
+        self.beat += 1
+        try:
+            write_json(self.path, {"plan": self.plan, "rank": rank(), "pid": os.getpid(), "host": socket.gethostname(),
+                                   "beat": self.beat})
+        except OSError:
+            pass  # a missed beat; the share's own writes say more
+
+    def _run(self) -> None:
+        interval = max(0.5, min(10.0, rank_silence_s() / 6))
+        while not self._stop.wait(interval):
+            self._write()
+
+    def __enter__(self) -> "Heartbeat":
+        self._write()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def make_policy(cfg: Config, policy_path: str, settings: RolloutSection):
@@ -187,7 +236,8 @@ class Rollouts:
                 plan = publish_plan(name, stage, chash, [(k, w.task.task_id) for w, k in zip(work, keys)
                                                          if k not in seen])
                 own = self._play_share(name, stage.work, plan, work, keys)
-                faults = wait_for_shards(name, shards, plan, timeout_s=max(SHARD_WAIT_S, 2 * own["seconds"]))
+                faults = wait_for_shards(name, shards, plan, timeout_s=max(SHARD_WAIT_S, 2 * own["seconds"]),
+                                         poll_s=min(5.0, rank_silence_s() / 4))
             else:
                 mark = fault_mark()
                 new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
@@ -227,7 +277,8 @@ class Rollouts:
         if plan is not None:
             work_dir = stage.dir / plan["work"]
             try:
-                self._play_share(name, work_dir, plan, work, keys)
+                with Heartbeat(work_dir / SHARDS, plan):  # rank 0 tells a dead rank from a slow one
+                    self._play_share(name, work_dir, plan, work, keys)
             except BaseException as exc:
                 mark_failed(work_dir / SHARDS, plan, exc)  # rank 0 stops waiting for this share
                 raise
@@ -318,16 +369,44 @@ def wait_for_plan(stage: Stage, chash: str, since: float | None = None, poll_s: 
     return None if got == "done" else got
 
 
-def wait_for_shards(name: str, shards: Path, plan: dict, timeout_s: float, poll_s: float = 5.0) -> dict:
+def wait_for_shards(name: str, shards: Path, plan: dict, timeout_s: float, poll_s: float = 5.0,
+                    silence_s: float | None = None) -> dict:
     """Rank 0: wait until every rank marked its share of ``plan`` done; the faults they injected,
-    summed. A rank that failed (its marker) or is silent after ``timeout_s`` is an error naming it."""
+    summed. A rank that failed (its marker), whose heartbeat stopped for ``silence_s`` (default
+    :func:`rank_silence_s`: killed, or its machine lost), or that is silent after ``timeout_s`` is an
+    error naming it, what it kept and how to resume."""
     ranks = range(plan["world_size"])
+    silence_s = rank_silence_s() if silence_s is None else silence_s
+    beats: dict[int, tuple[int, float]] = {}  # rank -> (its last beat, when this process saw it change)
+
+    def silent() -> list[str]:
+        now, out = time.monotonic(), []
+        for r in ranks:
+            if r == rank() or _read_json(shards / f"rank{r}.done").get("plan") == plan["id"]:
+                continue
+            alive = _read_json(shards / f"rank{r}.alive")
+            if alive.get("plan") != plan["id"]:
+                continue  # not started its share yet (loading its policy): timeout_s decides
+            beat = alive.get("beat", 0)
+            if beats.get(r, (None, 0.0))[0] != beat:
+                beats[r] = (beat, now)
+            elif now - beats[r][1] > silence_s:
+                kept = _complete_lines(shards / f"rank{r}.jsonl")
+                out.append(f"rank {r} (pid {alive.get('pid')} on {alive.get('host')}) stopped: no sign of life for "
+                           f"{now - beats[r][1]:.0f} s (its heartbeat {shards / f'rank{r}.alive'} stopped at beat "
+                           f"{beat}: a killed process or a lost machine); its {kept} recorded episode(s) are kept in "
+                           f"{shards / f'rank{r}.jsonl'}")
+        return out
 
     def ready():
         bad = [f"rank {r}: {e}" for r in ranks if (e := failure(shards, plan, r))]
         if bad:
             raise RuntimeError(f"[{name}] {'; '.join(bad)}. The stage is not done; run the same command again "
                                f"to play what is missing")
+        dead = silent()
+        if dead:
+            raise RuntimeError(f"[{name}] {'; '.join(dead)}. The stage is not done (what every rank recorded is kept): "
+                               f"run the same command again, on every machine, to play what is missing")
         marks = [_read_json(shards / f"rank{r}.done") for r in ranks]
         return marks if all(m.get("plan") == plan["id"] for m in marks) else None
 
@@ -375,6 +454,13 @@ def fold_shards(file: Path, keys: list[str], order: bool = False) -> int:
     for shard in shards:
         shard.unlink()
     return len(rows) - mine
+
+
+def _complete_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
 
 
 def _read_json(path: Path) -> dict:

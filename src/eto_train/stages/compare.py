@@ -27,7 +27,7 @@ from rich.table import Table
 
 from .. import layout, tracking
 from ..config import BCSection, DPOSection, dotted_overrides, typed
-from ..distributed import grad_accum, world_size
+from ..distributed import grad_accum, is_main, world_size
 from ..evaluation import BEHAVIOUR, behaviour, comparison
 from ..manifest import Stage
 from ..model.load import check_quantization
@@ -185,6 +185,8 @@ def run(cfg) -> dict[str, Any]:
         files = {n: layout.episodes(evals[n], split) for n in policies}
         results["splits"][split] = comparison(files, cc.bootstrap, cfg.seed)
         results["behaviour"][split] = {n: behaviour(f) for n, f in files.items()}
+    if not is_main():  # one writer per file: the main process writes the comparison
+        return results
     write_json(layout.compare_file(out, ".json"), results)
     tracking.record("compare", to_plain(cc), {s: {n: {"success_rate": r["success"], **({"vs_bc": r["vs_bc"]["diff"]}
                                                      if r.get("vs_bc") else {})} for n, r in rows.items()}

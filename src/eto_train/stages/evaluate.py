@@ -16,6 +16,7 @@ from ..errors import remove_empty_tree
 from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
 from ..config import typed
+from ..distributed import is_main
 from ..rollouts.play import Rollouts
 from ..runtime import setup_runtime
 from ..store import write_json_if_changed
@@ -54,7 +55,8 @@ def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) ->
         res["policy"] = ref.id
         results[split] = res
         # whole (temporary file, then rename); not rewritten when unchanged (a finished run may be read-only)
-        write_json_if_changed(out / layout.METRICS, res)
+        if is_main():  # one writer per file: the main process (global rank 0)
+            write_json_if_changed(out / layout.METRICS, res)
     rollouts.close()
     return results
 

@@ -46,10 +46,14 @@ def run(cfg) -> None:
     env = make_env(env_cfg)
     try:
         if source != "gold":  # read and check the whole file before anything is written
-            episodes, report = import_experts(source, env.tasks("train"), env.version)
+            episodes, report = import_experts(source, env.tasks("train"), env.version,
+                                              other_splits=lambda: _other_splits(env, env_cfg))
         stage.begin()
         if source == "gold":
             episodes = _play_gold(env, prompt, console)
+    except BaseException:
+        stage.release()  # a refused file: the lock file goes now, so a failed start leaves no folder behind
+        raise
     finally:
         env.close()
     # a rerun of a finished stage (other config, or its file found damaged) writes aside, swapped in at finish
@@ -61,12 +65,33 @@ def run(cfg) -> None:
         what = f"gold paths won: {metrics['gold_wins']}"
     else:
         metrics = {"episodes": len(episodes), **report}
+        elsewhere = "".join(f", {n} of them tasks of split {label}" for label, n in report["unmatched_in_splits"].items())
         what = (f"imported {report['imported']} of {report['entries']} from {source}; "
-                f"{report['unmatched']} match no training task {report['unmatched_ids'][:3]}, "
+                f"{report['unmatched']} match no training task {report['unmatched_ids'][:3]}{elsewhere}, "
                 f"{report['duplicates']} duplicates, {report['tasks_without_expert']} tasks without an expert")
     metrics |= {"mean_steps": sum(steps) / len(steps), "max_steps": max(steps)}
     stage.finish(metrics, output=str(out))
     console.print(f"[experts] {len(episodes)} expert episodes -> {out} ({what}, mean steps {metrics['mean_steps']:.1f})")
+
+
+def _other_splits(env, env_cfg: dict) -> dict[str, list]:
+    """The environment's tasks of every split but train, by a label naming the split and, where the
+    config names one, its list (``'unseen' (test_indices.json)``): an imported file's other tasks."""
+    out = {}
+    for name, spec in (env_cfg.get("splits") or {}).items():
+        if name == "train":
+            continue
+        label = repr(name) + (f" ({spec})" if isinstance(spec, str) else "")
+        try:
+            out[label] = env.tasks(name)
+        except Exception:  # noqa: BLE001 - a split that cannot be listed is just not named
+            continue
+    if "dev" not in (env_cfg.get("splits") or {}) and env_cfg.get("dev_holdout"):
+        try:
+            out["'dev' (held out of the training list, env.dev_holdout)"] = env.tasks("dev")
+        except Exception:  # noqa: BLE001
+            pass
+    return out
 
 
 def _play_gold(env, prompt: PromptConfig, console: Console) -> list:

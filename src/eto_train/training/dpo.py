@@ -55,15 +55,23 @@ class ActionMaskedDPOTrainer(DPOTrainer):
     """DPOTrainer on multi-turn pairs, log-probs over action tokens only."""
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-        tok = self._tokenizer
+        from accelerate import PartialState
+
+        tok, limit = self._tokenizer, args.max_length  # not ``args``: its hash differs by rank (the cache's name)
 
         def fn(ex):
             return tokenize_pair(tok, ex["prompt"], ex["chosen"], ex["rejected"])
 
-        ds = dataset.map(fn, remove_columns=[c for c in dataset.column_names if c not in ("pair_id",)],
-                         desc=f"Tokenizing {dataset_name} pairs with action masks")
-        if args.max_length is not None:
-            ds = ds.filter(lambda ex: len(ex["prompt_ids"]) < args.max_length)
+        # a file-backed dataset (data-parallel DPO: recipe.DPOJob.shared) caches each map beside its file: the
+        # main process (global rank 0) maps first and writes the caches, the others load them (same
+        # fingerprints); one writer per file, also for the local main process of another machine
+        with PartialState().main_process_first():
+            ds = dataset.map(fn, remove_columns=[c for c in dataset.column_names if c not in ("pair_id",)],
+                             desc=f"Tokenizing {dataset_name} pairs with action masks")
+            if limit is not None:
+                ds = ds.filter(lambda ex: len(ex["prompt_ids"]) < limit)
+            if ds._indices is not None and ds.cache_files:  # the filter's index mapping, made a file here once: TRL's
+                ds = ds.flatten_indices()  # precomputed reference log-probs would flatten it on every rank
         return ds
 
     def _set_signature_columns_if_needed(self):

@@ -20,6 +20,7 @@ fresh model (:class:`eto_train.pretrain.train.PretrainJob`, with its probe callb
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -96,10 +97,19 @@ class DPOJob(Job):
             return dataset
         # TRL caches the precomputed reference log-probs beside the dataset's files; an in-memory
         # dataset has a temporary folder per process, so the others would not find rank 0's cache.
+        # One fingerprint on every rank (flatten_indices would draw a random one per process): TRL's maps of
+        # it then have the same fingerprints everywhere, so the other ranks load the main process's cache files
+        # instead of writing their own into the shared folder (its global-then-local-main-first order lets the
+        # local main of every other machine run after it: with random fingerprints it wrote there too).
+        import hashlib
+        import json
+
         from accelerate import PartialState
 
+        fingerprint = hashlib.sha256(json.dumps(self.data, sort_keys=True, default=str).encode()).hexdigest()[:16]
         with PartialState().main_process_first():
-            return dataset.flatten_indices(cache_file_name=str(out / layout.PAIRS_DATASET / "pairs.arrow"))
+            return dataset.flatten_indices(cache_file_name=str(out / layout.PAIRS_DATASET / "pairs.arrow"),
+                                           new_fingerprint=fingerprint)
 
     def trainer(self, model, tokenizer, dataset, peft):
         from .dpo import fsdp_reference, make_dpo_trainer
@@ -189,15 +199,37 @@ def train(job: Job, out: str | Path, *, begin: Callable[[], bool] | None = None,
         trainer.add_callback(kill)
 
     # -- train (resumes from the last checkpoint of an interrupted run) -------------------------
-    ckpt = resume_checkpoint(job.args.output_dir, resume)
+    ckpt = resume_checkpoint(job.args.output_dir, resume, name=job.name)
     if ckpt:
         console.print(f"[{job.name}] resuming from the last checkpoint {ckpt} (optimizer, scheduler, RNG)")
-    result = trainer.train(resume_from_checkpoint=ckpt)
+    with _disk_full_named(job.args.output_dir):  # torch's "unexpected pos": a checkpoint save on a full disk
+        result = trainer.train(resume_from_checkpoint=ckpt)
 
     # -- save: one plain checkpoint downstream (adapters merged; gathered from all processes) ---
-    save_policy(trainer, tokenizer, layout.policy(out), job.base, m["dtype"], job.trust_remote_code, stage=job.name)
+    with _disk_full_named(layout.policy(out)):
+        save_policy(trainer, tokenizer, layout.policy(out), job.base, m["dtype"], job.trust_remote_code, stage=job.name)
     return Trained(trainer=trainer, result=result, resumed_from=ckpt, rows=len(dataset),
                    trainable_parameters=trainable)
+
+
+@contextmanager
+def _disk_full_named(folder: str | Path):
+    """A write that failed for lack of space under ``folder`` (the Trainer's checkpoint save, the
+    policy's save) raised as the OSError it is, naming the folder being written (the newest
+    ``checkpoint-<n>``): the CLI prints one block with the path and the free space. A half-written
+    checkpoint has no trainer_state.json: the next run removes it and resumes from the one before."""
+    try:
+        yield
+    except Exception as exc:
+        from ..errors import as_disk_error
+
+        folder = Path(folder)
+        newest = max(folder.glob("checkpoint-*"), key=lambda p: p.stat().st_mtime, default=folder) \
+            if folder.is_dir() else folder
+        full = as_disk_error(exc, newest)
+        if full is None or full is exc:
+            raise
+        raise full from exc
 
 
 def run_stage(stage, prepare: Callable[[], Job], metrics: Callable[[Trained], dict[str, Any]],

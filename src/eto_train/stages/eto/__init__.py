@@ -34,7 +34,7 @@ from ...distributed import is_main
 from ...envs import check_playable, make_env
 from ...evaluation import comparison
 from ...config import METRICS, typed
-from ...store import write_json
+from ...store import json_text, write_main
 from .. import bc, experts, model
 from ..evaluate import evaluate_policy
 from . import dpo, explore, pairs
@@ -141,7 +141,7 @@ def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = N
     summary = {"iteration": k, "policy": new_policy, "started_from": policy_path,
                "explore_success": sum(e.success for e in explored) / max(1, len(explored)),
                "pairs": len(pair_list), "dev_split": sel.dev_split, "dev": dev}
-    write_json(out / layout.SUMMARY, summary)
+    write_main(out / layout.SUMMARY, json_text(summary))  # the main process's (one writer per file)
     return summary
 
 
@@ -212,7 +212,7 @@ def run(cfg) -> dict[str, Any]:
               "selection": sel.to_dict(), "history": history,
               "test": {s: r["overall"] for s, r in test.items()},
               "bc_test": {s: bc_res[s]["overall"] for s in test_splits}, "best_vs_bc": vs_bc}
-    write_json(runs.eto_result, result)
+    write_main(runs.eto_result, json_text(result))
     if is_main():  # the loop's summary: dev success per iteration, the kept policy on test, paired vs BC
         tracking.record("eto", result["selection"], {
             "best_iteration": best["iteration"], "test": result["test"], "bc_test": result["bc_test"],

@@ -15,7 +15,7 @@ from ...pairs import Pair, anchor_pairs, first_divergence, for_pairing, pair_sta
 from ...records import NOT_POLICY_FAULT, Episode
 from ... import layout, tracking
 from ...distributed import is_main
-from ...store import write_json, write_jsonl
+from ...store import MAIN_WRITE_WAIT_S, json_text, jsonl_text, write_main
 
 
 def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
@@ -96,8 +96,10 @@ def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episod
     experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name) if usable(e)}
     pairs, stats = build_pairs(cfg.eto.pairs, experts, explored, continuations, cfg.seed + iteration)
     stats["config"] = cfg.eto.pairs.plain()
-    write_jsonl(layout.pairs_file(out), (p.to_dict() for p in pairs))
-    write_json(layout.pairs_stats(out), stats)
+    # rank 0 writes them (one writer per file); the others built the same pairs and wait for its file, which
+    # DPO hashes as its input next
+    write_main(layout.pairs_stats(out), json_text(stats))
+    write_main(layout.pairs_file(out), jsonl_text(p.to_dict() for p in pairs), wait_s=MAIN_WRITE_WAIT_S)
     if is_main():
         tracking.record(f"pairs/iter{iteration}", stats["config"], stats, layout.pairs_file(out).parent)
     console.print(f"[pairs] iteration {iteration}: {stats['pairs']} pairs {stats['by_kind']} "
