@@ -1,7 +1,7 @@
 """The real-model section of ``make bench`` (``bench.real``; ``make bench-real`` runs it alone): SmolLM2-135M-
 Instruct (model=smollm2_135m, ``make real-model``) on the CPU, every figure measured side by side in one run.
 
-1. **Matmul peak**: GFLOP/s of fp32 and bf16 matmuls (a square 2048 one and the model's own MLP shape), at one
+1. **Matmul peak**: GFLOP/s of fp32 and bf16 matmuls (a square 1024 one and the model's own MLP shape), at one
    thread and at every core: the ceiling the training figures are a fraction of.
 2. **Decode step** at batch ``decode.batch`` with ``decode.context``-token contexts: today's engine, the
    engine of commit 577f8ab (scripts/baseline_kvbatch.py) and the weights alone (the same batch with a
@@ -49,9 +49,9 @@ def _median_s(fn, reps: int, warm: int = 2) -> float:
 
 # -- 1. matmul peak -------------------------------------------------------------------------------
 def matmul_peak(reps: int = 5) -> dict:
-    """GFLOP/s of ``a @ b`` for fp32 and bf16, a square 2048 matmul and a training-shaped one (the model's
-    MLP: 2048 tokens x 576 -> 1536), at one thread and at every core."""
-    shapes = {"square_2048": (2048, 2048, 2048), "mlp_2048x576x1536": (2048, 576, 1536)}
+    """GFLOP/s of ``a @ b`` for fp32 and bf16, a square 1024 matmul and a training-shaped one (the model's
+    MLP: 1024 tokens x 576 -> 1536), at one thread and at every core (median of ``reps``)."""
+    shapes = {"square_1024": (1024, 1024, 1024), "mlp_1024x576x1536": (1024, 576, 1536)}
     before, out = torch.get_num_threads(), {}
     try:
         for threads in sorted({1, cores()}):
@@ -60,7 +60,7 @@ def matmul_peak(reps: int = 5) -> dict:
                 for name, (m, k, n) in shapes.items():
                     a = torch.randn(m, k, dtype=getattr(torch, dtype))
                     b = torch.randn(k, n, dtype=getattr(torch, dtype))
-                    s = _median_s(lambda: a @ b, reps)
+                    s = _median_s(lambda: a @ b, reps, warm=1)
                     out[f"{dtype}/{threads}/{name}"] = 2 * m * k * n / s / 1e9
     finally:
         torch.set_num_threads(before)
@@ -132,8 +132,12 @@ class _Recorded:
 
 
 def _compose(overrides: list[str]):
+    """The run config (configs/config.yaml) with ``overrides``; inside the bench's Hydra app, its search path."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=overrides)
     with initialize_config_dir(str(layout.CONFIGS), version_base="1.3", job_name="bench_real"):
         return compose("config", overrides=overrides)
 
