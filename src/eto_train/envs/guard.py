@@ -32,6 +32,7 @@ the caller stops waiting; one thread per instance keeps every call of an instanc
 
 from __future__ import annotations
 
+import inspect
 import math
 import queue
 import threading
@@ -156,6 +157,21 @@ def declared_range(env: Any, adapter: str) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+_OWN = frozenset({"inner", "adapter", "env_name", "limits", "reward_range", "_task", "_step", "_action", "_hung",
+                  "_caller", "_stop", "_limits"})
+
+
+def _task_id(task: Any) -> Any:
+    return getattr(task, "task_id", task)
+
+
+def _raised_in_eto_train(exc: BaseException) -> bool:
+    """Raised by a ``raise`` in eto-train's own code (a built-in adapter's error, meant as it is)."""
+    from ..errors import _raised_here
+
+    return _raised_here(exc)
+
+
 def env_seconds(res: StepResult) -> float:
     """The environment's own time for a step, as the guard measured it (``info["env_s"]``; 0 without)."""
     t = res.info.get("env_s", 0.0) if isinstance(res.info, dict) else 0.0
@@ -175,6 +191,7 @@ class GuardedEnv(EnvWrapper):
         self._step = 0
         self._action: str | None = None
         self._hung: str | None = None  # the call that did not answer: the instance takes no other
+        self._limits: dict = {}  # max_steps per task
         self._caller = _Caller(f"eto-env {adapter}")
         self._stop = weakref.finalize(self, self._caller.stop)  # its thread ends with the instance
         try:
@@ -186,11 +203,19 @@ class GuardedEnv(EnvWrapper):
         super().__init__(inner)
 
     # -- naming ------------------------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        """The guard's own attributes here; any other is the adapter's (a test that sets one on the
+        environment it got from make_env sets it on the adapter, as before the guard)."""
+        if name in _OWN or "inner" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
     def where(self, call: str, task: bool = True) -> str:
         """``module:Class (env=name) <call> on task <id>, step <n>``."""
         text = f"{self.adapter} (env={self.env_name}) {call}"
         if task and self._task is not None:
-            text += f" on task {self._task.task_id}"
+            text += f" on task {_task_id(self._task)}"
             if self._step:
                 text += f", step {self._step}"
         return text
@@ -214,7 +239,7 @@ class GuardedEnv(EnvWrapper):
         except passes:
             raise
         except Exception as exc:
-            if _on_purpose(exc):
+            if _on_purpose(exc) or _raised_in_eto_train(exc):
                 raise
             raise AdapterError(f"{self.where(call, task)} raised {type(exc).__name__}: {exc} (a bug or a data error "
                                f"in the adapter, not an EnvironmentFailure, so nothing retried it; "
@@ -239,9 +264,20 @@ class GuardedEnv(EnvWrapper):
         return tasks
 
     def max_steps(self, task: Task) -> int:
-        n, _ = self._run(f"max_steps({task.task_id!r})", lambda: self.inner.max_steps(task), task=False)
+        """The step limit (asked once per task: the rollout asks at every step, a function of the config)."""
+        try:
+            if task in self._limits:
+                return self._limits[task]
+        except TypeError:  # an unhashable task
+            pass
+        call = f"max_steps({_task_id(task)!r})"
+        n, _ = self._run(call, lambda: self.inner.max_steps(task), task=False)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise self.violation(f"max_steps({task.task_id!r})", f"step limit {n!r} is not an integer >= 1")
+            raise self.violation(call, f"step limit {n!r} is not an integer >= 1")
+        try:
+            self._limits[task] = n
+        except TypeError:
+            pass
         return n
 
     def action_forms(self, game: str) -> list[str]:
@@ -249,7 +285,7 @@ class GuardedEnv(EnvWrapper):
         return forms
 
     def expert_actions(self, task: Task) -> list[str]:
-        actions, _ = self._run(f"expert_actions({task.task_id!r})", lambda: self.inner.expert_actions(task),
+        actions, _ = self._run(f"expert_actions({_task_id(task)!r})", lambda: self.inner.expert_actions(task),
                                task=False)
         return actions
 
@@ -311,17 +347,16 @@ class GuardedEnv(EnvWrapper):
         return replace(res, info={**res.info, "env_s": round(seconds, 6)})
 
     def close(self) -> None:
-        try:
-            if self._hung is not None:  # its thread is still inside the call that hung: close from another
-                _in_thread(self.inner.close, min(self.limits.call_timeout_s, 30.0), f"eto-env {self.adapter} close")
-                return
+        if self._hung is None:  # (its thread stays for a later call; it ends with this object)
             self._run("close", self.inner.close, task=False)
-        finally:
-            self._stop()
+            return
+        # its thread is still inside the call that hung: close from another one, waited for a while
+        _in_thread(self.inner.close, min(self.limits.call_timeout_s, 30.0), f"eto-env {self.adapter} close")
+        self._stop()
 
     def __getattr__(self, attr: str) -> Any:  # an adapter's extras (check_playable, ...), bounded too
         value = super().__getattr__(attr)
-        if attr.startswith("_") or not callable(value):
+        if attr.startswith("_") or not inspect.ismethod(value):
             return value
 
         def bounded(*args: Any, **kwargs: Any) -> Any:
