@@ -23,7 +23,8 @@ with the same function), so every answer any stage sees has passed these checks:
 - **Exceptions**: an adapter's exception that is not an :class:`EnvironmentFailure` becomes one
   :class:`AdapterError` naming the adapter, the call, the task and the step (the adapter's traceback is
   its cause). Left as they are: ``KeyError`` from ``tasks`` (a split the environment lacks: the stages
-  name it), and the errors eto-train's own adapters raise on purpose (already one block, exit 2).
+  name it), and what eto-train's own adapters raise (their messages are written for the user: a
+  missing WebShop install, a ScienceWorld variation out of range).
 
 Written by hand: a call cannot be interrupted from outside (a thread cannot be killed, a signal
 reaches the main thread only and not a worker thread), so the call runs in a thread of its own and
