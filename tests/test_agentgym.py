@@ -151,11 +151,14 @@ def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(serv
     server.restart = False
     try:
         # one connection attempt per instance: the dead server is named at once (the rollout still retries)
-        m, episodes = AG.killed_eval(server, trained, "killed_dead", "env.retries=0")
+        m, episodes = AG.killed_eval(server, trained, "killed_dead", "env.retries=0", code=2)
     finally:
         server.restart = True
     failed = [e for e in episodes if e["status"] == "environment_failure"]
     assert failed and m["overall"]["environment_failures"] == len(failed)
+    # every episode failed: nothing about the policy was measured, so the command says so, exit 2 (issue 37)
+    assert len(failed) == len(episodes) and "NothingScored: [eval/killed_dead/seen] every one of its" in \
+        AG.last.stderr
     assert any("EnvironmentFailure" in err for e in failed for err in e["env_errors"])
     from eto_train.records import NOT_POLICY_FAULT
 

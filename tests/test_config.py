@@ -88,6 +88,14 @@ CASES = [
     ("twx", ["env.faults.malformed.seed=x"], "env.faults.malformed.seed='x': an integer"),
     ("twx", ["+env.faults.crashes={rate:0.1}"], "env.faults.crashes={rate: 0.1}: not a fault kind: one of "
                                                 "'timeout', 'crash', 'malformed'"),
+    ("twx", ["env.call_timeout_s=0"], "env.call_timeout_s=0: a number > 0 (seconds one adapter call may take; "
+                                      "more is EnvironmentTimeout)"),
+    ("sciworld", ["env.call_timeout_s=null"], "env.call_timeout_s=null: a number > 0"),
+    ("twx", ["env.max_observation_chars=0"], "env.max_observation_chars=0: an integer >= 1 (the longest observation "
+                                             "an adapter may answer; longer stops the stage)"),
+    ("webshop", ["env.max_observation_chars=1.5"], "env.max_observation_chars=1.5: an integer >= 1"),
+    ("twx", ["experts.on_lost=fail"], "experts.on_lost='fail': what a gold path that does not win in the environment "
+                                      "is: one of 'warn', 'error'"),
     # -- env: TextWorldExpress -------------------------------------------------------------------
     ("twx", ["env.step_limit=0"], f"env.step_limit=0: {INT_GE1}"),
     ("twx", ["env.step_limit=null"], f"env.step_limit=null: {INT_GE1}"),

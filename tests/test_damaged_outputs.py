@@ -69,6 +69,7 @@ def _played(data: bytes) -> list[dict]:
         row["policy"].pop("path")
         for step in row["steps"]:
             step.pop("latency_s")
+            step.pop("env_s", None)  # the environment's wall-clock time
     return rows
 
 

@@ -103,3 +103,17 @@ def test_a_bad_adapter_path_is_an_error_naming_the_key():
         make_env({"name": "x", "adapter": "nocolon"})
     with pytest.raises(ImportError, match=r"env.adapter='no_such_pkg_h5:Env': cannot import"):
         make_env({"name": "x", "adapter": "no_such_pkg_h5:Env"})
+
+
+def test_the_docs_one_liner_bc_env_lamps_runs_as_written(site, tmp_path, monkeypatch):
+    """docs/environments.md says that after `pip install`, `eto-train bc env=lamps` works: on a fresh run
+    folder it builds what `make bc` builds first (experts, the tiny model), then trains (issue 37)."""
+    from eto_train import cli
+
+    assert "`eto-train bc env=lamps` works" in (ROOT / "docs" / "environments.md").read_text()
+    monkeypatch.syspath_prepend(str(site))  # installed: its entry point is found
+    monkeypatch.setattr(sys, "argv", ["eto-train"])
+    cli.main(["bc", "env=lamps", f"paths.runs={tmp_path}", "run_name=doc", *TOY_NO_ENV])  # the toy sizes only
+    run = tmp_path / "doc"
+    assert (run / "experts" / "train.jsonl").exists() and (run / "model" / "config.json").exists()
+    assert json.loads((run / "bc" / "manifest.json").read_text())["status"] == "done"

@@ -62,7 +62,7 @@ def _same(eps):
     out = []
     for e in eps:
         d = e.to_dict()
-        d["steps"] = [{**st, "latency_s": 0} for st in d["steps"]]
+        d["steps"] = [{**st, "latency_s": 0, "env_s": 0} for st in d["steps"]]
         out.append(d)
     return sorted(out, key=lambda d: d["episode_id"])
 

@@ -62,7 +62,8 @@ def _records(path: Path, run: Path) -> dict[str, dict]:
     for line in path.read_text().splitlines():
         e = json.loads(line)
         for st in e["steps"]:
-            st.pop("latency_s")  # wall-clock time: never the same twice
+            st.pop("latency_s")  # wall-clock times: never the same twice
+            st.pop("env_s", None)
         out[e["episode_id"]] = json.loads(json.dumps(e).replace(str(run), "<RUN>"))
     return out
 

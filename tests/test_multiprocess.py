@@ -36,7 +36,7 @@ def _episodes(path: Path, tmp: Path) -> list[dict]:
     """The records without wall-clock latencies, with the test's folder as <TMP>."""
     def norm(o):
         if isinstance(o, dict):
-            return {k: norm(v) for k, v in o.items() if k != "latency_s"}
+            return {k: norm(v) for k, v in o.items() if k not in ("latency_s", "env_s")}
         return [norm(v) for v in o] if isinstance(o, list) else o.replace(str(tmp), "<TMP>") if isinstance(o, str) else o
     return [norm(json.loads(x)) for x in path.read_text().splitlines()]
 

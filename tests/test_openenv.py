@@ -115,11 +115,14 @@ def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(serv
     try:
         # one connection attempt per instance: a dead server is named at once (the default, 3 retries with
         # a back-off, only makes this test wait; the retries themselves are the rollout's)
-        m, episodes = OE.killed_eval(server, trained, "killed_dead", "env.connect_retries=0")
+        m, episodes = OE.killed_eval(server, trained, "killed_dead", "env.connect_retries=0", code=2)
     finally:
         server.restart = True  # back up for what follows
     failed = [e for e in episodes if e["status"] == "environment_failure"]
     assert failed and m["overall"]["environment_failures"] == len(failed)
+    # every episode failed: nothing about the policy was measured, so the command says so, exit 2 (issue 37)
+    assert len(failed) == len(episodes) and "NothingScored: [eval/killed_dead/seen] every one of its" in \
+        OE.last.stderr
     assert any("EnvironmentFailure" in err for e in failed for err in e["env_errors"])
     assert all(e["status"] in ("environment_failure", "success", "max_steps", "failure") for e in episodes)
     from eto_train.records import NOT_POLICY_FAULT  # what BC, pairs and the scores leave out

@@ -50,7 +50,7 @@ def test_no_terminal_prints_nothing_and_the_episodes_are_the_same():
 def _timeless(ep) -> dict:
     """An episode's record but its steps' latencies (wall-clock times)."""
     d = ep.to_dict()
-    d["steps"] = [{k: v for k, v in s.items() if k != "latency_s"} for s in d["steps"]]
+    d["steps"] = [{k: v for k, v in s.items() if k not in ("latency_s", "env_s")} for s in d["steps"]]
     return d
 
 

@@ -77,7 +77,7 @@ def _lines(path: Path) -> list[dict]:
 def _norm(obj, run: str):
     """The record without wall-clock latencies, with the run folder as <RUN>."""
     if isinstance(obj, dict):
-        return {k: _norm(v, run) for k, v in obj.items() if k != "latency_s"}
+        return {k: _norm(v, run) for k, v in obj.items() if k not in ("latency_s", "env_s")}
     if isinstance(obj, list):
         return [_norm(v, run) for v in obj]
     if isinstance(obj, str):

@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     _command = " ".join([PROG, name, *map(shlex.quote, rest)])
 
     from . import errors
-    from .envs.registry import store_plugin_configs
+    from .envs.registry import check_requested, store_plugin_configs
 
     store_plugin_configs(configs_dir())  # env=<plug-in> composes from its adapter's Config (envs/registry.py)
     # Hydra re-raises what a job raised (hydra/_internal/utils.py run_and_report) and errors.reporting
@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [a for a in rest if "=" in a and not a.startswith("-")]
     try:
         with errors.reporting(name, overrides, compose, running=_running_stage):
+            check_requested(overrides)  # env=<a plug-in that does not import>: its import error, not Hydra's
             _hydra_run(entry, name, rest)
     finally:
         if saved is None:

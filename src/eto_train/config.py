@@ -254,6 +254,7 @@ def _experts_source(v: str) -> str:
 class Experts(Section):
     source: Annotated[str, AfterValidator(_experts_source),
                       Rule("'gold' or the path of the authors' <env>_sft.json")] = "gold"
+    on_lost: Choice(("warn", "error"), what="what a gold path that does not win in the environment is") = "warn"
 
 
 class Wandb(Section):
@@ -286,6 +287,10 @@ class EnvSection(Section):
     metric: Choice(METRICS, what="the dev figure that selects ETO iterations") = "success_rate"
     workers: Int(ge=0, null="0", when=" (processes that host a rollout's environments; 0: the rollout's own)") = 0
     faults: Part(Faults, "{timeout|crash|malformed: {rate: <0..1>, seed: <int>}}", null="no fault injection") = None
+    # the guard around every adapter (envs/guard.py, docs/environments.md#the-contract)
+    call_timeout_s: Num(gt=0, when=" (seconds one adapter call may take; more is EnvironmentTimeout)") = 300.0
+    max_observation_chars: Int(ge=1, when=" (the longest observation an adapter may answer; longer stops the "
+                                          "stage)") = 65536
 
 
 class _AnyEnv(EnvSection):
@@ -934,7 +939,7 @@ class Config(Section):
     trust_remote_code: Flag = False
     paths: Part(Paths, "the run's folders")
     runtime: Part(Runtime, "{train_threads, rollout_threads}") = Field(default_factory=Runtime)
-    experts: Part(Experts, "{source}") = Field(default_factory=Experts)
+    experts: Part(Experts, "{source, on_lost}") = Field(default_factory=Experts)
     wandb: Part(Wandb, "{enabled, mode, project}") = Field(default_factory=Wandb)
     env: Part(EnvSection, "an environment section (configs/env)")
     model: Part(ModelSection, "a model section (configs/model)")

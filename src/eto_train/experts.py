@@ -45,7 +45,8 @@ def expert_episode(env: Environment, task: Task, prompt: PromptConfig,
         res = env.step(action)
         valid_actions = res.valid_actions
         ep.steps.append(Step(index=len(ep.steps), raw_output=format_action(action), action=action,
-                             valid=valid, observation=render_observation(prompt, res.observation), reward=res.reward, done=res.done))
+                             valid=valid, observation=render_observation(prompt, res.observation), reward=res.reward,
+                             done=res.done))  # no wall-clock time: an experts file is the same on every run
         if res.done:
             break
     ep.finish("success" if res.success else "failure" if res.done else "max_steps")

@@ -47,6 +47,7 @@ from .records import RecordError
 from .runtime import _threads, config_hash, versions
 from .store import file_sha256, identity_sha256, is_identity_file, umask_modes, write_json
 
+ENVIRONMENT = "environment"  # a stage config's key for what produced its episodes (envs.registry.identity)
 CONFIG_SCHEMA = 2  # the config's shape (config.py): 2 = typed, TRL's names in bc / eto.dpo, a rollout section
 NEXT, OLD = ".next", ".old"  # a rerun of a finished stage works in NEXT; OLD holds what a swap replaces
 STATUSES = ("running", "done")
@@ -257,11 +258,21 @@ class Stage:
     of the same config is resumed. A stage that was never finished (first run, or killed before
     it finished) works in its folder, as before: an interrupted run of the same config resumes
     there. Without ``outputs``, ``stage.work`` is always the folder.
+
+    ``environment`` (a stage whose outputs are episodes: ``{"adapter": "module:Class", "version": ...}``,
+    envs.registry.identity) enters the config, so its hash, and the hash that names a shared copy in
+    a sweep's cache: a changed adapter is played again, never reused, and the stage says why. A stage
+    finished before the identity was recorded (its manifest's config has no ``environment``) still
+    counts as done when the rest of its config matches and the ``env_version`` its episodes record
+    is this adapter's version; else it is done again, saying which version it was played with.
     """
 
     def __init__(self, name: str, out_dir: str | os.PathLike, config: dict[str, Any],
-                 inputs: dict[str, str | os.PathLike] | None = None, outputs: list[str] | None = None):
-        self.name, self.dir, self.config = name, Path(out_dir), config
+                 inputs: dict[str, str | os.PathLike] | None = None, outputs: list[str] | None = None,
+                 environment: dict[str, str] | None = None):
+        if environment is not None:
+            config = {**config, ENVIRONMENT: environment}
+        self.name, self.dir, self.config, self.environment = name, Path(out_dir), config, environment
         self.inputs = {k: str(v) for k, v in (inputs or {}).items()}
         self.outputs = list(outputs) if outputs else None
         self.manifest_path = self.dir / MANIFEST
@@ -281,9 +292,43 @@ class Stage:
             out[k] = file_sha256(v)
         return out
 
-    def _same(self, manifest: dict[str, Any] | None) -> bool:
-        return bool(manifest) and manifest.get("config_hash") == config_hash(self.config) \
-            and manifest.get("input_hashes") == self.input_hashes
+    def _same(self, manifest: dict[str, Any] | None, folder: Path | None = None) -> bool:
+        if not manifest or manifest.get("input_hashes") != self.input_hashes:
+            return False
+        return manifest.get("config_hash") == config_hash(self.config) or \
+            self._played_before(manifest, folder or self.dir) is True
+
+    def _played_before(self, manifest: dict[str, Any], folder: Path) -> bool | str | None:
+        """A manifest from before the environment's identity entered stage configs: True when the
+        rest of its config is this one's and its episodes (in ``folder``) were played by this
+        adapter's version (or none is recorded yet), the version they record when another; None
+        when the manifest is not such a one."""
+        old = manifest.get("config")
+        if self.environment is None or not isinstance(old, dict) or ENVIRONMENT in old:
+            return None
+        rest = {k: v for k, v in self.config.items() if k != ENVIRONMENT}
+        if manifest.get("config_hash") != config_hash(rest):
+            return None
+        recorded = recorded_env_version(folder, self.outputs or [])
+        return True if recorded in (None, self.environment.get("version")) else recorded
+
+    def _environment_change(self, old: dict[str, Any]) -> str | None:
+        """Why a finished stage is stale when only its environment changed (None otherwise)."""
+        if self.environment is None or not isinstance(old.get("config"), dict):
+            return None
+        now = f"{self.environment.get('adapter')} version {self.environment.get('version')!r}"
+        was = old["config"].get(ENVIRONMENT)
+        if was is not None:
+            rest = {k: v for k, v in self.config.items() if k != ENVIRONMENT}
+            if was != self.environment and {k: v for k, v in old["config"].items() if k != ENVIRONMENT} == rest:
+                return (f"another environment: it played {was.get('adapter')} version {was.get('version')!r}, "
+                        f"this run has {now}")
+            return None
+        recorded = self._played_before(old, self.dir)
+        if isinstance(recorded, str):
+            return (f"another environment: its episodes record version {recorded!r} (it finished before the "
+                    f"adapter's identity was part of the stage hash), this run has {now}")
+        return None
 
     def _prepare(self, lock: bool, look: bool = False) -> None:
         """Take the lock (main process), complete a committed swap, decide where this run writes.
@@ -327,6 +372,11 @@ class Stage:
         self._prepare(lock, look=True)
         old = _read_manifest(self.manifest_path)
         same = bool(old) and old.get("status") == "done" and self._same(old)
+        if not same and old and old.get("status") == "done" and old.get("input_hashes") == self.input_hashes:
+            why = self._environment_change(old)
+            if why:
+                print(f"[{self.name}] finished in {self.dir} with {why}: doing it again (the finished files stay "
+                      f"until the new result is whole)")
         if self._unwritable is not None and self.outputs:  # a committed swap nobody could complete
             same = same and (_read_manifest(self.dir / NEXT / MANIFEST) or {}).get("status") != "done"
         # a look at a cache (no outputs declared) checks what was copied there (copy_outputs: some outputs)
@@ -367,7 +417,7 @@ class Stage:
             self._tracked = True
         if self.work != self.dir:  # a finished result stays in place until this run is whole
             old = _read_manifest(self.work / MANIFEST)
-            resumable = bool(old) and old.get("status") == "running" and self._same(old)
+            resumable = bool(old) and old.get("status") == "running" and self._same(old, self.work)
             if main:
                 if not resumable:
                     self._discard(self.work)
@@ -486,6 +536,23 @@ class Stage:
         _fsync_dir(self.dir)
         self._discard(nxt)
         self._discard(old)
+
+
+def recorded_env_version(folder: Path, outputs: list[str]) -> str | None:
+    """The ``env_version`` the first episode of a stage's JSONL outputs in ``folder`` records (an
+    imported expert's without its ``imported; `` prefix); None when there is none."""
+    for name in outputs:
+        if not name.endswith(".jsonl"):
+            continue
+        try:
+            with open(folder / name, encoding="utf-8") as f:
+                line = next((ln for ln in f if ln.strip()), "")
+            version = json.loads(line).get("env_version") if line else None
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(version, str):
+            return version.removeprefix("imported; ")
+    return None
 
 
 def copy_outputs(src: Path, dst: Path, names: list[str]) -> None:

@@ -33,12 +33,16 @@ class Step:
     observation: str  # what the environment (or the format checker) answered
     reward: float  # cumulative normalised score after this step
     done: bool
-    latency_s: float = 0.0
+    latency_s: float = 0.0  # the policy's time for the batched step this output came from
     prompt_tokens: int = 0
     completion_tokens: int = 0
     # per-step credit (credit.py: validity, progress, redundant, loop), set by Episode.finish;
     # None on records written before it (credit.credit_of computes it for those)
     credit: dict[str, float] | None = None
+    # the environment's own time answering this step's action (envs/guard.py measures it where the
+    # adapter runs: in a worker process, without the pipe); 0 for an output that did not parse and
+    # on records written before it (issue 37)
+    env_s: float = 0.0
 
 
 @dataclass

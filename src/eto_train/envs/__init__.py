@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import registry
-from .base import Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
+from .base import AdapterContractError, AdapterError, Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
 from .workers import hosted_env, worker_count
 
 
@@ -24,6 +24,36 @@ def make_env(cfg: dict[str, Any]) -> Environment:
     return registry.build(cfg)
 
 
+class MissingSplit(ValueError):
+    """A split a setting names (eval.splits, compare.splits, eto.explore.split, ...) that the
+    environment does not have."""
+
+
+def check_splits(cfg: dict[str, Any], named: dict[str, str | list[str]]) -> None:
+    """Every split ``named`` by a setting (``{"eval.splits": [...], "eto.explore.split": "train"}``)
+    exists in the environment of the env section ``cfg``: checked before anything runs, one error
+    naming the setting, the split and the splits there are."""
+    env = make_env(cfg)
+    try:
+        for key, value in named.items():
+            for split in [value] if isinstance(value, str) else list(value):
+                try:
+                    env.tasks(split)
+                except KeyError:
+                    have = sorted({*(cfg.get("splits") or {}), *(["dev"] if (cfg.get("dev_holdout") or 0) > 0 else [])})
+                    if isinstance(value, str):
+                        shown, fix = value, ""
+                    else:
+                        shown = "[" + ", ".join(value) + "]"
+                        kept = [s for s in value if s in have] or [s for s in have if s not in ("train", "dev")]
+                        fix = f"; e.g. {key}=[{', '.join(kept)}]" if kept else ""
+                    raise MissingSplit(
+                        f"{key}={shown}: the environment {cfg.get('name')!r} has no split {split!r} (its splits: "
+                        f"{', '.join(have) or 'none'}){fix}. Nothing was run") from None
+    finally:
+        env.close()
+
+
 def check_playable(cfg: dict[str, Any]) -> None:
     """Fail now, not after hours of BC, when the environment cannot be played (a package that
     is imported on first use, as WebShop's; a server that is not up)."""
@@ -34,5 +64,5 @@ def check_playable(cfg: dict[str, Any]) -> None:
         env.close()
 
 
-__all__ = ["Environment", "EnvironmentFailure", "EnvironmentTimeout", "StepResult", "Task",
-           "check_playable", "make_env", "registry"]
+__all__ = ["AdapterContractError", "AdapterError", "Environment", "EnvironmentFailure", "EnvironmentTimeout",
+           "MissingSplit", "StepResult", "Task", "check_playable", "check_splits", "make_env", "registry"]

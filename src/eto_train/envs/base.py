@@ -22,6 +22,19 @@ class EnvironmentTimeout(EnvironmentFailure):
     """The simulator did not answer within the configured time."""
 
 
+class AdapterContractError(RuntimeError):
+    """An adapter answered something the contract forbids (docs/environments.md#the-contract): a
+    reward outside its declared range or not finite, ``success`` without ``done``, an observation
+    longer than ``env.max_observation_chars``, a result of the wrong type. Never retried: the stage
+    stops before anything is built on the answer (envs/guard.py says which adapter, task, step, value)."""
+
+
+class AdapterError(RuntimeError):
+    """An adapter's call raised an exception that is not an :class:`EnvironmentFailure` (a bug or a
+    data error in the adapter): one block naming the adapter, the call, the task and the step; the
+    adapter's own traceback is the cause (``ETO_TRAIN_TRACEBACK=1`` prints it)."""
+
+
 @dataclass(frozen=True)
 class Task:
     """One task instance: a game (or task family), a data fold and a seed/variation."""
@@ -40,7 +53,7 @@ class Task:
 @dataclass
 class StepResult:
     observation: str
-    reward: float  # cumulative, normalised score in [0, 1] after this step
+    reward: float  # cumulative, normalised score after this step: in the adapter's reward_range, [0, 1] by default
     done: bool
     success: bool
     failure: bool = False  # the game says the task is lost (not a step-limit stop)
@@ -48,9 +61,14 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+REWARD_RANGE = (0.0, 1.0)  # an adapter's rewards unless it declares its own ``reward_range``
+
+
 @runtime_checkable
 class Environment(Protocol):
     name: str
+    # optional class attribute: (low, high) of the rewards it answers, REWARD_RANGE when absent
+    # reward_range: tuple[float, float]
 
     @property
     def version(self) -> str:

@@ -43,7 +43,13 @@ BUILTIN: dict[str, str] = {
 }
 
 # keys of the env section that eto-train reads itself, not passed to the adapter's constructor
-OWN_KEYS = ("name", "adapter", "faults", "dev_holdout", "metric", "workers")
+OWN_KEYS = ("name", "adapter", "faults", "dev_holdout", "metric", "workers", "call_timeout_s",
+            "max_observation_chars")
+# ... and those of them that change no episode (how splits are drawn and scored, how many processes
+# step the environments, the guard's bounds): never part of a stage's hash
+NOT_HASHED = ("splits", "dev_holdout", "metric", "workers", "faults", "call_timeout_s", "max_observation_chars")
+
+BROKEN: dict[str, str] = {}  # installed plug-ins whose section could not be composed: name -> why (store_plugin_configs)
 
 
 class UnknownEnvironment(KeyError):
@@ -124,18 +130,44 @@ def adapter_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def build(cfg: dict[str, Any]) -> Environment:
-    """One environment of the env section ``cfg`` (a plain dict), in this process: the adapter,
-    the dev split held out of train (``env.dev_holdout``) and fault injection (``env.faults``)."""
+    """One environment of the env section ``cfg`` (a plain dict), in this process: the adapter in
+    its guard (envs/guard.py: answers checked, calls bounded by ``env.call_timeout_s``), the dev split
+    held out of train (``env.dev_holdout``) and fault injection (``env.faults``)."""
+    from .guard import GuardedEnv, Limits
     from .holdout import check_dev_config, wrap_holdout
 
+    path = adapter_path(cfg.get("name"), cfg.get("adapter"))
     cls = adapter_class(cfg.get("name"), cfg.get("adapter"))
     check_dev_config(cfg)  # env.dev_holdout / env.splits.dev, before a simulator starts
-    env = wrap_holdout(cls(**adapter_kwargs(cfg)), cfg)  # env.dev_holdout > 0: see envs/holdout.py
+    limits, kwargs = Limits.of(cfg), adapter_kwargs(cfg)
+    guarded = GuardedEnv(lambda: cls(**kwargs), path, str(cfg.get("name")), limits)
+    env = wrap_holdout(guarded, cfg)  # env.dev_holdout > 0: see envs/holdout.py
     if cfg.get("faults"):  # env.faults: fault injection (all rates 0 = off), see envs/faults.py
         from .faults import wrap_faults
 
         env = wrap_faults(env, cfg["faults"])
     return env
+
+
+def identity(cfg: dict[str, Any], env: Environment) -> dict[str, str]:
+    """What produced an episode, beyond the env section: the adapter's ``module:Class`` and its
+    ``version`` (of ``env``, an instance of that section). Every stage whose output depends on the
+    environment hashes it (manifest.Stage's ``environment``), so a changed adapter is played again."""
+    return {"adapter": adapter_path(cfg.get("name"), cfg.get("adapter")), "version": str(env.version)}
+
+
+class PluginImportError(ImportError):
+    """``env=<name>`` names an installed plug-in whose section cannot be composed (its module does
+    not import, or its Config has fields without a default)."""
+
+
+def check_requested(overrides: list[str]) -> None:
+    """``env=<name>`` on the command line naming a plug-in that :func:`store_plugin_configs` could
+    not store: its import error (or its required fields), instead of Hydra's "Could not find 'env/<name>'"."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+~") == "env" and value in BROKEN:
+            raise PluginImportError(BROKEN[value])
 
 
 def plugin_defaults(name: str) -> dict[str, Any] | None:
@@ -160,18 +192,30 @@ def store_plugin_configs(configs_dir: str | None = None) -> list[str]:
     from hydra.core.config_store import ConfigStore
 
     stored = []
-    for name in sorted(plugins()):
+    found = plugins()
+    for name in sorted(found):
         if configs_dir is not None and (Path(configs_dir) / "env" / f"{name}.yaml").exists():
             continue
+        where = f"env={name}: the installed plug-in {found[name]} (entry point group {GROUP!r})"
         try:
             node = plugin_defaults(name)
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - named when env=<name> asks for it (check_requested)
+            cause = exc.__cause__ if isinstance(exc, ImportError) and exc.__cause__ is not None else exc
+            BROKEN[name] = (f"{where} cannot be imported: {type(cause).__name__}: {cause}. Install what it needs "
+                            f"(or fix its module), or uninstall the plug-in")
             continue
-        if node is not None:
-            ConfigStore.instance().store(group="env", name=name, node=node)
-            stored.append(name)
+        if node is None:
+            model = config_model(name)
+            required = sorted(k for k, f in model.model_fields.items() if f.is_required() and k != "name")
+            BROKEN[name] = (f"{where} has Config fields without a default ({', '.join(required)}): write its section "
+                            f"as env/{name}.yaml in a folder given with --config-dir (docs/environments.md)")
+            continue
+        BROKEN.pop(name, None)
+        ConfigStore.instance().store(group="env", name=name, node=node)
+        stored.append(name)
     return stored
 
 
-__all__ = ["BUILTIN", "GROUP", "OWN_KEYS", "UnknownEnvironment", "adapter_class", "adapter_kwargs", "adapter_path",
-           "build", "config_model", "known", "names", "plugin_defaults", "plugins", "store_plugin_configs"]
+__all__ = ["BROKEN", "BUILTIN", "GROUP", "NOT_HASHED", "OWN_KEYS", "PluginImportError", "UnknownEnvironment",
+           "adapter_class", "adapter_kwargs", "adapter_path", "build", "check_requested", "config_model", "identity",
+           "known", "names", "plugin_defaults", "plugins", "store_plugin_configs"]

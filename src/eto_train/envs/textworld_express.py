@@ -119,6 +119,9 @@ class TextWorldExpressEnv:
     """One live TextWorldExpress game; implements :class:`eto_train.envs.base.Environment`."""
 
     name = "twx"
+    # the game's own score: a lost sorting, arithmetic, peckingorder or simonsays game scores -1
+    # (the guard checks every reward against it, envs/guard.py)
+    reward_range = (-1.0, 1.0)
 
     class Config(EnvSection):
         """The ``env`` section of configs/env/twx.yaml."""

@@ -21,9 +21,13 @@ answers in row order. Resets are sent the same way.
   EnvironmentTimeout, ValueError...) with the worker's traceback in the message, so the rollout
   handles it as it handles an in-process one. A worker that dies (or is killed) is an
   EnvironmentFailure naming it, for every call waiting on it and every later call to its
-  environments; the next environment placed there starts a fresh process. A worker that does
-  not answer within the environment's own call timeout (``env.timeout_s``; 120 s when the
-  adapter has none) plus :data:`GRACE_S` is killed: EnvironmentTimeout. Nothing waits forever.
+  environments; the next environment placed there starts a fresh process. Each worker builds
+  its environments with :func:`eto_train.envs.registry.build`, so the guard (envs/guard.py) is
+  there too: a call that does not answer within ``env.call_timeout_s`` is an EnvironmentTimeout
+  naming the call, answered by the worker; a worker that answers nothing at all (stuck where the
+  guard cannot help, e.g. holding the interpreter) within ``env.call_timeout_s`` plus
+  :data:`GRACE_S` is killed: EnvironmentTimeout. Nothing waits forever. The guard's own errors
+  (AdapterContractError, AdapterError) come back as one line, without the worker's traceback.
 - Faults (``env.faults``) are injected here, in the rollout's process, around the worker's
   environment (:class:`FaultyWorkerEnv`): the fault ledger (envs/faults.py: attempt counts per
   task and call) is the process's own, draws happen in the order the rollout makes its calls,
@@ -70,10 +74,10 @@ from multiprocessing.connection import wait as wait_ready
 from typing import Any, Callable, Iterator
 
 from . import registry
-from .base import Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
+from .base import AdapterContractError, AdapterError, Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
 from .faults import FaultConfig, FaultyEnv
 
-DEFAULT_CALL_TIMEOUT_S = 120.0  # an adapter without its own call timeout (env.timeout_s)
+DEFAULT_CALL_TIMEOUT_S = 120.0  # a pool built in code without a timeout (rollouts pass env.call_timeout_s)
 GRACE_S = 60.0  # on top of the env's call timeout: a worker's start (imports, a JVM launch), its queue
 STOP_S = 15.0  # a stopping worker has this long to close its environments before it is terminated
 _TRACE_CHARS = 2000  # the tail of a worker's traceback kept in the error message
@@ -308,15 +312,18 @@ class _Worker:
                 pass
 
     def _error(self, info: dict[str, Any], what: str) -> BaseException:
-        """The worker's exception as the same type, its message carrying the worker's traceback."""
-        text = (f"{info['text']} [in {self.label}, {what}; the worker's traceback:\n"
-                f"{info['traceback'].rstrip()}]")
+        """The worker's exception as the same type, its message carrying the worker's traceback
+        (the guard's own errors name adapter, call, task and step already: one line)."""
         original = None
         if info["blob"] is not None:
             try:
                 original = pickle.loads(info["blob"])
             except Exception:
                 original = None
+        if isinstance(original, (AdapterContractError, AdapterError)):
+            return type(original)(f"{info['text']} [in {self.label}]")
+        text = (f"{info['text']} [in {self.label}, {what}; the worker's traceback:\n"
+                f"{info['traceback'].rstrip()}]")
         if original is None:
             return EnvironmentFailure(f"{info['type']}: {text}")
         try:
@@ -576,7 +583,9 @@ class _Hosting:
         key = json.dumps([worker_count(cfg), local], sort_keys=True, default=str)
         pool = self.pools.get(key)
         if pool is None:
-            timeout = float(cfg.get("timeout_s") or DEFAULT_CALL_TIMEOUT_S)
+            from .guard import Limits
+
+            timeout = Limits.of(cfg).call_timeout_s  # the guard's bound in the worker; the pool adds GRACE_S
             pool = self.pools[key] = WorkerPool(functools.partial(_build_local, local), worker_count(cfg), timeout)
         env: Environment = pool.env()
         faults = FaultConfig.from_dict(cfg.get("faults"))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..envs.base import Environment, EnvironmentFailure, StepResult, Task
+from ..envs.guard import env_seconds
 from ..envs.workers import Ready, hosting, placed, sends_async
 from ..interrupt import interrupted
 from ..prompting import (PromptConfig, first_user_message, fit_prompt, format_action, parse_action,
@@ -488,7 +489,8 @@ def _record(slot, text, action, valid, res, latency, n_prompt, n_new, dropped) -
     obs = render_observation(slot.prompt, res.observation) if action is not None else res.observation
     ep.steps.append(Step(index=len(ep.steps), raw_output=text, action=action, valid=valid,
                          observation=obs, reward=res.reward, done=res.done,
-                         latency_s=round(latency, 4), prompt_tokens=n_prompt, completion_tokens=n_new))
+                         latency_s=round(latency, 4), prompt_tokens=n_prompt, completion_tokens=n_new,
+                         env_s=env_seconds(res) if action is not None else 0.0))
     slot.conv += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
 
 

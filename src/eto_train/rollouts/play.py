@@ -37,7 +37,7 @@ from .. import killpoints, layout
 from ..config import Config, RolloutSection
 from ..distributed import (free_accelerator_memory, is_main, poll, process_started, rank, wait_for_manifest,
                            world_size)
-from ..envs import Task, make_env
+from ..envs import Task, make_env, registry
 from ..envs.faults import fault_mark, fault_summary, new_play
 from ..evaluation import evaluate
 from ..layout import PLAN, SHARDS  # data-parallel bookkeeping under the stage's work folder; gone once it is done
@@ -141,6 +141,7 @@ class Rollouts:
         self._policy = None
         self._weights_checked = False
         self._tasks: dict[str, list[Task]] = {}
+        self._identity: dict[str, str] | None = None
 
     @property
     def policy(self):
@@ -174,10 +175,21 @@ class Rollouts:
         if split not in self._tasks:
             env = make_env(self.env_cfg)
             try:
+                self._identity = self._identity or registry.identity(self.env_cfg, env)
                 self._tasks[split] = env.tasks(split)
             finally:
                 env.close()
         return self._tasks[split]
+
+    def identity(self) -> dict[str, str]:
+        """The adapter and its version (envs.registry.identity): part of every play's stage hash."""
+        if self._identity is None:
+            env = make_env(self.env_cfg)
+            try:
+                self._identity = registry.identity(self.env_cfg, env)
+            finally:
+                env.close()
+        return self._identity
 
     def play(self, name: str, out: Path, work: list[WorkItem | tuple], extra_config: dict | None = None,
              share: Path | None = None) -> list[Episode]:
@@ -194,14 +206,17 @@ class Rollouts:
         # The work list's hash names the tasks played; the other splits' definitions are left out
         # so that adding a held-out split does not invalidate (and replay) every evaluation.
         # the work hash lists the tasks: how splits are drawn (splits, dev_holdout) and how dev
-        # is scored (metric) and how many processes step the environments (workers) do not change an episode
-        env_scope = {k: v for k, v in self.env_cfg.items() if k not in ("splits", "dev_holdout", "metric", "workers")}
+        # is scored (metric), how many processes step the environments (workers) and the guard's
+        # bounds (call_timeout_s, max_observation_chars) do not change an episode; the adapter and
+        # its version do (environment=)
+        env_scope = {k: v for k, v in self.env_cfg.items() if k == "faults" or k not in registry.NOT_HASHED}
         stage = Stage(name, out, {"env": env_scope, "prompt": self.cfg.prompt.plain(), "seed": self.cfg.seed,
                                   "sampling": self.sampling, "policy": self.ref.id,
                                   "work": config_hash(keys),
                                   "episodes": len(work), **(extra_config or {}),
                                   **({"backend": self.backend} if self.backend != "hf" else {})},
-                      inputs={"policy": self.path} if is_local(self.path) else {}, outputs=OUTPUTS)
+                      inputs={"policy": self.path} if is_local(self.path) else {}, outputs=OUTPUTS,
+                      environment=self.identity())
         file = out / layout.EPISODES
         if stage.done():
             return read_episodes(file)

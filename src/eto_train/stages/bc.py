@@ -8,7 +8,7 @@ from rich.console import Console
 
 from .. import layout
 from ..config import typed
-from ..experts import read_experts
+from ..experts import read_experts, usable
 from ..manifest import Stage
 from ..model.load import check_quantization, is_local
 from ..model.wheel import require_built
@@ -26,6 +26,7 @@ def run(cfg) -> dict | None:
     console = Console(markup=False)
     require_built(cfg.model)  # a registry model (model.source) converted by `eto-train model`
     check_quantization(cfg.model.quantization)  # before anything is written (the lock included)
+    prepare_inputs(cfg, console)
     setup_runtime(cfg.runtime.train_threads)
     out = Path(cfg.paths.bc)
     inputs = {"experts": cfg.paths.experts}
@@ -37,7 +38,15 @@ def run(cfg) -> dict | None:
         return None
 
     def job() -> recipe.Job:  # check, then touch: the expert trajectories are read whole first
-        convs = sft_conversations(read_experts(cfg.paths.experts, cfg.env.name), only_success=cfg.bc.only_success)
+        episodes = read_experts(cfg.paths.experts, cfg.env.name)
+        if cfg.bc.only_success and not any(ep.steps and usable(ep) for ep in episodes):
+            lost = [e.task_id for e in episodes if not usable(e)]
+            raise ValueError(
+                f"{cfg.paths.experts}: no usable trajectories for behavior cloning: none of its {len(episodes)} "
+                f"episodes is a gold path that won (or an imported one); e.g. {', '.join(lost[:5])}. The experts "
+                f"stage named them: the adapter's gold paths do not win in the environment (check its expert_actions "
+                f"and success flag), or set bc.only_success=false to clone them anyway")
+        convs = sft_conversations(episodes, only_success=cfg.bc.only_success)
         args = sft_arguments(cfg.bc, layout.checkpoints(stage.work), cfg.seed)
         return recipe.SFTJob("bc", cfg.model.path, convs, args, to_plain(cfg.model), cfg.trust_remote_code)
 
@@ -51,3 +60,18 @@ def run(cfg) -> dict | None:
         console.print(f"[bc] loss {m['train_loss']:.4f} after {m['optimizer_steps']} steps, "
                       f"{m['tokens_per_second']:.0f} tokens/s -> {layout.policy(out)}")
     return m or None
+
+
+def prepare_inputs(cfg, console: Console) -> None:
+    """What `make bc` builds first, when it is not there yet: the expert trajectories (the experts
+    stage) and, for a model the run builds (``model.build``), the tiny base model, so that
+    ``eto-train bc env=<name>`` runs as written on a fresh run folder. Inputs already there are
+    left as they are (their own stages redo them: `eto-train experts`, `eto-train model`)."""
+    from . import experts, model
+
+    if not Path(cfg.paths.experts).exists():
+        console.print(f"[bc] no expert trajectories at {cfg.paths.experts} yet: running the experts stage first")
+        experts.run(cfg)
+    if cfg.model.build and not (Path(cfg.model.path) / "config.json").exists():
+        console.print(f"[bc] no base model at {cfg.model.path} yet: running the model stage first")
+        model.run(cfg)

@@ -28,6 +28,7 @@ from rich.table import Table
 from .. import layout, tracking
 from ..config import BCSection, DPOSection, dotted_overrides, typed
 from ..distributed import grad_accum, is_main, world_size
+from ..envs import check_splits
 from ..evaluation import BEHAVIOUR, behaviour, comparison
 from ..manifest import Stage
 from ..model.load import check_quantization
@@ -137,6 +138,10 @@ def run(cfg) -> dict[str, Any]:
     console = Console(width=120, markup=False)
     cc = cfg.compare
     control_of = cc.control_of
+    arm_splits = {f"compare.arms.{v}.explore.split": split for v in cc.variants
+                  if isinstance(split := (cc.arms[v].get("explore") or {}).get("split"), str)}
+    check_splits(cfg.env.plain(), {"compare.splits": list(cc.splits), "eto.explore.split": cfg.eto.explore.split,
+                                   **arm_splits})  # before BC or any arm runs
     prepare_bc(cfg)
     runs = layout.RunLayout.of(cfg)
     bc_policy, out = str(runs.bc_policy), runs.compare

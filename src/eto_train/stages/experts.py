@@ -14,12 +14,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ..config import typed
-from ..envs import make_env
+from ..envs import make_env, registry
 from ..eto_format import import_experts
 from ..experts import expert_episode
 from ..manifest import Stage
 from ..prompting import PromptConfig
 from ..store import write_jsonl
+
+LOST_SHOWN = 5  # task ids a warning about gold paths that lost names
 
 
 def run(cfg) -> None:
@@ -30,29 +32,34 @@ def run(cfg) -> None:
     out = Path(cfg.paths.experts)
     # Only what shapes the expert data: adding a held-out split does not redo it.
     # (dev_holdout shapes the training split; 0, the default, leaves the hash of earlier runs as it was)
-    scope = {k: env_cfg[k] for k in env_cfg if k not in ("splits", "faults", "metric", "workers")
-             and not (k == "dev_holdout" and not env_cfg[k])} | {"train_split": env_cfg["splits"]["train"]}
-    if source == "gold":
-        stage = Stage("experts", out.parent, {"env": scope, "prompt": cfg.prompt.plain(), "source": source},
-                      outputs=[out.name])
-    else:
-        if not Path(source).is_file():
-            raise FileNotFoundError(f"experts.source: {source}: no such file (the authors' <env>_sft.json, or 'gold')")
-        # imported trajectories keep their own prompt: the prompt profile does not shape them
-        stage = Stage("experts", out.parent, {"env": scope, "source": source}, inputs={"source": source},
-                      outputs=[out.name])
-    if stage.done():
-        return
-    env = make_env(env_cfg)
+    scope = {k: env_cfg[k] for k in env_cfg if k not in registry.NOT_HASHED
+             or (k == "dev_holdout" and env_cfg[k])} | {"train_split": env_cfg["splits"]["train"]}
+    if source != "gold" and not Path(source).is_file():
+        raise FileNotFoundError(f"experts.source: {source}: no such file (the authors' <env>_sft.json, or 'gold')")
+    env = make_env(env_cfg)  # its adapter and version are part of the stage's identity
+    stage = None
     try:
+        identity = registry.identity(env_cfg, env)
+        if source == "gold":
+            stage = Stage("experts", out.parent, {"env": scope, "prompt": cfg.prompt.plain(), "source": source},
+                          outputs=[out.name], environment=identity)
+        else:  # imported trajectories keep their own prompt: the prompt profile does not shape them
+            stage = Stage("experts", out.parent, {"env": scope, "source": source}, inputs={"source": source},
+                          outputs=[out.name], environment=identity)
+        if stage.done():
+            return
         if source != "gold":  # read and check the whole file before anything is written
             episodes, report = import_experts(source, env.tasks("train"), env.version,
                                               other_splits=lambda: _other_splits(env, env_cfg))
         stage.begin()
         if source == "gold":
             episodes = _play_gold(env, prompt, console)
+            lost = [e for e in episodes if not e.success]
+            if lost:
+                _lost(lost, len(episodes), out, cfg.experts.on_lost, console)
     except BaseException:
-        stage.release()  # a refused file: the lock file goes now, so a failed start leaves no folder behind
+        if stage is not None:
+            stage.release()  # a refused file: the lock file goes now, so a failed start leaves no folder behind
         raise
     finally:
         env.close()
@@ -92,6 +99,26 @@ def _other_splits(env, env_cfg: dict) -> dict[str, list]:
         except Exception:  # noqa: BLE001
             pass
     return out
+
+
+class LostExperts(ValueError):
+    """Gold paths that do not win in the environment, with ``experts.on_lost=error``."""
+
+
+def _lost(lost: list, total: int, out: Path, on_lost: str, console: Console) -> None:
+    """Name the gold paths that did not win (count, first task ids and how each ended, the file):
+    a warning, or with ``experts.on_lost=error`` an error before the file is written."""
+    shown = ", ".join(f"{e.task_id} ({e.status}, score {e.final_score:g})" for e in lost[:LOST_SHOWN])
+    more = f" and {len(lost) - LOST_SHOWN} more" if len(lost) > LOST_SHOWN else ""
+    what = (f"{len(lost)} of {total} gold paths did not win in the environment: {shown}{more}. BC clones and pairs "
+            f"contrast only the gold paths that won")
+    if on_lost == "error":
+        raise LostExperts(f"{what}; experts.on_lost=error, so {out} was not written. Check the adapter's "
+                          f"expert_actions and its success flag, or set experts.on_lost=warn to keep the winners")
+    if len(lost) == total:
+        what += " (none did: bc will have nothing to clone)"
+    console.print(f"[experts] warning: {what}; the file keeps all of them: {out} (experts.on_lost=error makes this "
+                  f"an error)", soft_wrap=True)
 
 
 def _play_gold(env, prompt: PromptConfig, console: Console) -> list:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import typed
-from ..envs import make_env
+from ..envs import check_splits, make_env
 from ..reading import first_move_test, first_take_test, right_answers
 from .. import layout
 from ..store import read_episodes, write_json_if_changed
@@ -47,6 +47,7 @@ def run(cfg) -> dict[str, Any]:
     (``paths.bc_eval``), the others' ``eval/<tag>``."""
     cfg = typed(cfg)
     r = cfg.reading
+    check_splits(cfg.env.plain(), {"reading.split": r.split})
     env = make_env(cfg.env.plain())
     try:
         tasks = env.tasks(r.split)

@@ -31,7 +31,7 @@ from rich.table import Table
 
 from ... import layout, tracking
 from ...distributed import is_main
-from ...envs import check_playable, make_env
+from ...envs import check_playable, check_splits, make_env
 from ...evaluation import comparison
 from ...config import METRICS, typed
 from ...store import json_text, write_main
@@ -115,6 +115,8 @@ def run_next_iteration(cfg) -> dict[str, Any] | None:
     before any); None, with a line saying so, once ``eto.iterations`` iterations are done."""
     from ...model.load import CheckpointError
 
+    cfg = typed(cfg)
+    check_splits(cfg.env.plain(), {"eto.explore.split": cfg.eto.explore.split})  # before anything is loaded
     k, policy = latest_policy(cfg)
     if k >= cfg.eto.iterations:
         print(f"[eto-iter] {k} iterations done: the cap eto.iterations={cfg.eto.iterations} is reached")
@@ -175,6 +177,7 @@ def _fmt(metric: str, value: float) -> str:
 def run(cfg) -> dict[str, Any]:
     cfg = typed(cfg)
     console = Console(markup=False)
+    check_splits(cfg.env.plain(), {"eval.splits": list(cfg.eval.splits), "eto.explore.split": cfg.eto.explore.split})
     sel = check_selection(cfg)  # before any work: a bad selection setting must not cost a BC run
     metric, dev_split = sel.metric, sel.dev_split
     check_playable(cfg.env.plain())  # e.g. WebShop not installed: say so before BC, not after it
