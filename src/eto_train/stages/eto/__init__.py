@@ -215,6 +215,13 @@ def run(cfg) -> dict[str, Any]:
               "selection": sel.to_dict(), "history": history,
               "test": {s: r["overall"] for s, r in test.items()},
               "bc_test": {s: bc_res[s]["overall"] for s in test_splits}, "best_vs_bc": vs_bc}
+    last = history[-1]
+    if cfg.eto.test_last_iteration and last["iteration"] not in (0, best["iteration"]):
+        # the last iteration on the test splits too (dev kept another): beside the kept policy, in its own folder
+        last_eval = layout.evaluations(Path(cfg.paths.eto) / f"iter{last['iteration']}")
+        last_test = evaluate_policy(cfg, last["policy"], f"iter{last['iteration']}", test_splits, last_eval)
+        result.update(last_iteration=last["iteration"], last_eval=str(last_eval),
+                      last_test={s: r["overall"] for s, r in last_test.items()})
     write_main(runs.eto_result, json_text(result))
     if is_main():  # the loop's summary: dev success per iteration, the kept policy on test, paired vs BC
         tracking.record("eto", result["selection"], {
