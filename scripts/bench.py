@@ -126,6 +126,7 @@ class RealEnv(_Part):
 class RealDecode(_Part):
     batch: int = Count
     context: int = Count
+    shared: int = Field(ge=0)
     steps: int = Count
 
 

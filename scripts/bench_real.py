@@ -70,10 +70,11 @@ def matmul_peak(reps: int = 5) -> dict:
 
 
 # -- 2. one decode step at batch 32 with long contexts --------------------------------------------
-def decode_step(model, tok, batch: int, context: int, steps: int) -> dict:
-    """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, the
-    577f8ab engine likewise, and the weights alone (rows of one token). One row is prefilled and its
-    keys and values copied into the others (the timing does not depend on what the tokens are)."""
+def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 0) -> dict:
+    """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, of which
+    the first ``shared`` are the play's shared prompt prefix (as in a rollout: instruction and example), the
+    577f8ab engine likewise, and the weights alone (rows of one token). One row is prefilled and its keys
+    and values copied into the others (the timing does not depend on what the tokens are)."""
     from baseline_kvbatch import KVBatch as Baseline  # scripts/
 
     from eto_train.rollouts.kvbatch import KVBatch
@@ -91,6 +92,9 @@ def decode_step(model, tok, batch: int, context: int, steps: int) -> dict:
             for r in range(1, batch):
                 s.cache.write(r, kv, ctx)
                 s.length[r] = ctx
+            if name == "engine" and shared:  # the rows' common prompt prefix, as KVBatch.step records it
+                s.shared_ids, s.cache.shared_kv = ids[:shared], s.cache.read(0, shared)
+                s.shares[:batch] = [shared] * batch
             token = [ids[0]] * batch
             out[f"{name}_ms"] = 1e3 * _median_s(lambda: s._decode(token, [False] * batch), steps)
         old = Baseline(model, tok, steps + 4, context + steps + 4, stop_ids=[-1])
@@ -103,7 +107,7 @@ def decode_step(model, tok, batch: int, context: int, steps: int) -> dict:
         old.mask[:] = old.mask[0]
         old.length = [context] * batch
         out["engine_577f8ab_ms"] = 1e3 * _median_s(lambda: old._forward([[ids[0]]] * batch), steps)
-    out.update(batch=batch, context=context, steps=steps, threads=torch.get_num_threads(),
+    out.update(batch=batch, context=context, shared_prefix=shared, steps=steps, threads=torch.get_num_threads(),
                engine_vs_weights=out["engine_ms"] / out["weights_only_ms"],
                baseline_vs_engine=out["engine_577f8ab_ms"] / out["engine_ms"])
     return out
@@ -329,7 +333,7 @@ def run(cfg) -> dict:
     path = str(mcfg.model.path)
     d = real.decode
     res["decode_step"] = decode_step(load_model(path, dtype="float32"), load_tokenizer(path), d.batch, d.context,
-                                     d.steps)
+                                     d.steps, d.shared)
     print(f"[bench real] decode step {res['decode_step']}", flush=True)
     res["rollouts"] = {env: rollouts(real, env, out) for env in real.envs}
     res["training"] = training(real, out, peak)
@@ -342,7 +346,8 @@ def rows(t, r) -> None:
               "; ".join(f"{k.split('/')[1]} thread(s): {pk[k]:.0f} / {pk[k.replace('float32', 'bfloat16')]:.0f}"
                         for k in pk if k.startswith("float32")))
     d = r["decode_step"]
-    t.add_row(f"decode step, batch {d['batch']}, {d['context']}-token contexts: engine / weights only / 577f8ab",
+    t.add_row(f"decode step, batch {d['batch']}, {d['context']}-token contexts ({d.get('shared_prefix', 0)} shared): "
+              "engine / weights only / 577f8ab",
               f"{d['engine_ms']:.0f} / {d['weights_only_ms']:.0f} / {d['engine_577f8ab_ms']:.0f} ms "
               f"({d['engine_vs_weights']:.2f}x the weights; target <= 2x)")
     for env, ro in r["rollouts"].items():

@@ -86,3 +86,36 @@ def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_mo
     assert sorted(shared.slot) == [0, 1, 2]
     answers = [r[0] for r in shared.step(nxt)]
     assert answers == [r[0] for r in alone.step(nxt)] == [r[0] for r in policy.generate(nxt)]
+
+
+def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_slot():
+    """decode_attention reads the first ``shared`` positions once from the play's shared prefix and the rest from
+    each row's slot: the result equals SDPA over every row's whole slot (GQA: 6 query heads on 2 key-value heads),
+    masked rows included."""
+    import types
+
+    import torch.nn.functional as F
+
+    from eto_train.rollouts import kvbatch
+
+    g = torch.Generator().manual_seed(1)
+    rows, kv_heads, heads, d, span, shared = 3, 2, 6, 8, 20, 7
+    k, v = torch.randn(rows, kv_heads, span, d, generator=g), torch.randn(rows, kv_heads, span, d, generator=g)
+    prefix_k, prefix_v = torch.randn(kv_heads, shared + 3, d, generator=g), torch.randn(kv_heads, shared + 3, d,
+                                                                                        generator=g)
+    k[:, :, :shared], v[:, :, :shared] = prefix_k[:, :shared], prefix_v[:, :shared]  # every slot holds the prefix
+    q = torch.randn(rows, heads, 1, d, generator=g)
+    lengths = torch.tensor([20, 15, 9])  # each row's positions; the others are masked
+    mask = (torch.arange(span)[None, :] < lengths[:, None])[:, None, None, :]
+    expected = F.scaled_dot_product_attention(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1),
+                                              attn_mask=mask, scale=0.3).transpose(1, 2)
+    module = types.SimpleNamespace(layer_idx=0)
+    cache = types.SimpleNamespace(shared=shared, shared_kv=[(prefix_k, prefix_v)])
+    kvbatch._forward.cache = cache
+    try:
+        got, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
+        cache.shared = 0  # no shared prefix: the same function over the slots alone
+        plain, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
+    finally:
+        kvbatch._forward.cache = None
+    assert torch.allclose(got, expected, atol=1e-6) and torch.allclose(plain, expected, atol=1e-6)

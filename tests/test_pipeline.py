@@ -206,3 +206,19 @@ def test_multirun_sweep_gives_each_job_its_folder_and_one_table(toy_run):
                                "run_name=toysweep"], cwd=ROOT, capture_output=True, text=True, timeout=120))
     table = (sweep / "sweep.md").read_text()
     assert "| eto.dpo.beta=0.1 |" in table and "| eto.dpo.beta=0.5 |" in table and "seen: best vs BC" in table
+
+
+def test_the_last_iteration_plays_the_test_splits_when_dev_keeps_bc(toy_run):
+    """eto.test_last_iteration: with eto.min_improvement=1 no iteration can beat BC on dev, so BC is kept; the last
+    iteration plays the test splits too (eto/iter1/eval/<split>), result.json names it and the report shows it."""
+    runs = toy_run.parent
+    _ok(run_stage("eto", runs, "eto.iterations=1", "eto.min_improvement=1.0", "eto.test_last_iteration=true"))
+    result = json.loads((toy_run / "eto" / "result.json").read_text())
+    assert result["best_iteration"] == 0 and result["last_iteration"] == 1
+    assert Path(result["last_eval"]) == toy_run / "eto" / "iter1" / "eval"
+    for split, n in (("seen", 4), ("unseen", 2)):
+        m = json.loads((toy_run / "eto" / "iter1" / "eval" / split / "metrics.json").read_text())
+        assert m["overall"]["episodes"] == n and m["policy"].startswith("iter1@")
+        assert result["last_test"][split]["episodes"] == n
+    _ok(run_stage("report", runs, "eto.iterations=1", "eto.min_improvement=1.0", "eto.test_last_iteration=true"))
+    assert "| eto iteration 1 (last, not kept) |" in (toy_run / "report.md").read_text()

@@ -14,6 +14,12 @@ slot, with no padding. Nothing is ever concatenated or re-copied per token:
   computed once: a fresh row whose prompt shares a prefix with one already computed copies that
   prefix's keys and values into its slot (:class:`PrefixStore`) and feeds only the rest.
 
+A decode step reads every row's keys and values once, and that, not the weights, is what grows
+with the context (at batch 32 and 1,400 tokens, 2 GB a step). The play's first prompt is kept as
+its *shared prefix*: every row that starts with it holds a copy in its slot, but a decode step of
+plain-attention models (:data:`PLAIN_ATTENTION`) reads that part once for all rows, one matmul
+against the shared keys, and only the rest from each slot (:func:`decode_attention`).
+
 Masks are built here (4-D boolean, ``[rows, 1, queries, keys]``) from each row's length, and
 positions are each row's own, so a row computes what it would alone. A new chunk of a row
 (a fresh prompt, an observation) is fed as that row alone: no padding to the batch's longest
@@ -32,13 +38,59 @@ against 36 s for the first turn, before prefix sharing); vLLM is a separate engi
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 
 import torch
 
 MIN_SHARED = 16       # a prompt prefix shorter than this is computed, not copied
+# Architectures whose attention is plain scaled dot-product over the cache (no soft-capping, sinks or
+# windows): their decode steps use :func:`decode_attention`; any other keeps its own implementation
+PLAIN_ATTENTION = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+DECODE_ATTENTION = "eto_slots_decode"
+_forward = threading.local()  # the SlotCache of the forward in progress (decode_attention reads its shared prefix)
 STORE_ENTRIES = 8     # prompt prefixes kept per play
 GROW = 256            # capacity grows by at least this many positions
+
+
+def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention of one new token per row (a decode step) over [the shared prefix | the row's own slot].
+
+    ``key``/``value`` are the slots (``[rows, kv_heads, span, d]`` views); the forward's
+    :class:`SlotCache` says how many leading positions every row shares with the play's shared prefix
+    (``shared``, 0: none). Those are read once, from the shared keys, for all rows in one matmul
+    (rows x query heads against the prefix); the rest per row. One softmax over both parts: the
+    result is the attention over the whole slot. Query heads are grouped by key-value head (GQA),
+    so nothing is repeated. Written by hand: torch's SDPA and transformers' attention functions read
+    every row's whole cache (no prefix shared across a batch on the CPU)."""
+    b, heads, q, d = query.shape
+    kv_heads = key.shape[1]
+    g = heads // kv_heads * q
+    cache = getattr(_forward, "cache", None)
+    m = cache.shared if cache is not None else 0
+    grouped = query.reshape(b, kv_heads, g, d)
+    scale = scaling if scaling is not None else d ** -0.5
+    own = torch.matmul(grouped, key[:, :, m:].transpose(-1, -2))  # [rows, kv_heads, g, span - m]
+    own.masked_fill_(~attention_mask[..., m:], float("-inf"))
+    if m:
+        pk, pv = cache.shared_kv[module.layer_idx]  # [kv_heads, >= m, d]
+        rows = grouped.permute(1, 0, 2, 3).reshape(kv_heads, b * g, d)
+        pre = torch.matmul(rows, pk[:, :m].transpose(-1, -2)).reshape(kv_heads, b, g, m).permute(1, 0, 2, 3)
+        probs = torch.softmax(torch.cat([pre, own], dim=-1).mul_(scale), dim=-1)
+        p_pre, p_own = probs[..., :m], probs[..., m:]
+        out = torch.matmul(p_own, value[:, :, m:])
+        shared = torch.matmul(p_pre.permute(1, 0, 2, 3).reshape(kv_heads, b * g, m), pv[:, :m])
+        out += shared.reshape(kv_heads, b, g, d).permute(1, 0, 2, 3)
+    else:
+        out = torch.matmul(torch.softmax(own.mul_(scale), dim=-1), value)
+    return out.reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
+
+
+def _register_decode_attention() -> None:
+    from transformers import AttentionInterface
+
+    if DECODE_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(DECODE_ATTENTION, decode_attention)
 
 
 class SlotCache:
@@ -56,6 +108,8 @@ class SlotCache:
         self.capacity = 0
         self.start, self.positions, self.span = 0, None, 0
         self.is_compileable = False
+        self.shared_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the play's shared prefix
+        self.shared = 0  # positions every row of the forward holds from it (decode_attention reads them there)
 
     # -- the attention layers' side -------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -175,6 +229,11 @@ class KVBatch:
         self.device = next(model.parameters()).device
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._decode_attention = getattr(model.config, "model_type", None) in PLAIN_ATTENTION
+        if self._decode_attention:
+            _register_decode_attention()
+        self.shared_ids: list[int] | None = None  # the play's shared prefix (its first stored prompt)
+        self.shares: list[int] = []  # slot -> positions it holds from the shared prefix
 
     def _encode(self, conv):
         ids = self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
@@ -188,7 +247,8 @@ class KVBatch:
         self.held.append(None)
         if len(self.length) <= n:
             self.length.append(0)
-        self.length[n] = 0
+            self.shares.append(0)
+        self.length[n] = self.shares[n] = 0
         self.cache.reserve(n + 1, self.cache.capacity)
 
     @torch.inference_mode()
@@ -203,13 +263,13 @@ class KVBatch:
             if s >= n:
                 dst = free.pop(0)
                 self.cache.move(s, dst, self.length[s])
-                self.length[dst] = self.length[s]
+                self.length[dst], self.shares[dst] = self.length[s], self.shares[s]
                 slots[i] = dst
         self.slot = slots
-        del self.length[n:]
+        del self.length[n:], self.shares[n:]
 
     def _reset_row(self, i: int) -> None:
-        self.length[self.slot[i]] = 0
+        self.length[self.slot[i]] = self.shares[self.slot[i]] = 0
         self.held[i] = None
 
     # -- forward --------------------------------------------------------------------------------
@@ -220,8 +280,19 @@ class KVBatch:
         c.start, c.positions, c.span = start, positions.to(self.device), span
         keys = torch.arange(span, device=self.device)
         mask = (keys[None, None, :] <= c.positions[:, :, None])[:, None]  # [rows, 1, width, span]
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
+        config, decoding = self.model.config, self._decode_attention and ids.shape[1] == 1
+        own = config._attn_implementation_internal
+        if decoding:  # decode_attention for this forward, then the model's own again
+            rows = self.shares[start:start + ids.shape[0]]
+            c.shared = min(rows) if c.shared_kv is not None and rows else 0
+            config._attn_implementation_internal = DECODE_ATTENTION
+            _forward.cache = c
+        try:
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
+                             use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
+        finally:
+            config._attn_implementation_internal = own
+            _forward.cache = None
         self.computed_tokens += ids.numel()
         return out.logits[:, -1, :].float()
 
@@ -286,7 +357,8 @@ class KVBatch:
             # text, or the prompt was fitted to the context: then the row is encoded anew.
             ids, d = self.encode_full(conv)
             prev = self.held[i]
-            if prev is not None and d == 0 and len(ids) > len(prev) and ids[:len(prev)] == prev:
+            fresh = not (prev is not None and d == 0 and len(ids) > len(prev) and ids[:len(prev)] == prev)
+            if not fresh:
                 new = ids[len(prev):]
             else:
                 if prev is not None:
@@ -303,7 +375,12 @@ class KVBatch:
                         new = ids[m:]
             logits = self._prefill(i, new)
             if self.prefixes is not None and 2 * len(new) > len(ids):  # little shared: a prefix for later rows
-                self.prefixes.add(ids, self.cache.read(self.slot[i], len(ids)))
+                kv = self.cache.read(self.slot[i], len(ids))
+                self.prefixes.add(ids, kv)
+                if self.shared_ids is None:  # the play's first prompt: its shared prefix
+                    self.shared_ids, self.cache.shared_kv = list(ids), kv
+            if fresh and self.shared_ids is not None:  # what the slot holds of the play's shared prefix
+                self.shares[self.slot[i]] = PrefixStore._common(ids, self.shared_ids)
             self.held[i] = list(ids) if d == 0 else None  # a cut prompt cannot be extended later
             first.append(logits)
             dropped.append(d)
