@@ -90,14 +90,20 @@ def test_rates_and_premature_stop_per_status(tmp_path):
     assert m["scored_episodes"] == 4 and m["max_steps_rate"] == 0.25
     path = tmp_path / "episodes.jsonl"
     append_episodes(path, eps)
-    assert behaviour(path) == pytest.approx(want)
+    # unparsed (outputs with no action): WALK's 5th and quit_'s 1st of the 12 scored steps
+    assert behaviour(path) == pytest.approx({**want, "unparsed_rate": 2 / 12})
     assert credit_of(read_episodes(path)[0]) == step_credit(WALK)
 
 
 def test_report_shows_the_rates_beside_success_per_policy():
     from eto_train.stages.report import behaviour_section
 
-    b = {"invalid_action_rate": 0.25, "loop_rate": 0.5, "redundant_action_rate": 0.125, "premature_stop_rate": 0.0}
-    lines = behaviour_section({"test": {"bc": {"success": 0.75, "behaviour": b}, "old": {"success": 0.5}}})
-    assert "| test | bc | 75.0% | 25.0% | 50.0% | 12.5% | 0.0% |" in lines
+    b = {"invalid_action_rate": 0.25, "unparsed_rate": 0.375, "loop_rate": 0.5, "redundant_action_rate": 0.125,
+         "premature_stop_rate": 0.0}
+    lines = behaviour_section({"test": {"bc": {"success": 0.75, "behaviour": b},
+                                        "older": {"success": 0.5, "behaviour": {k: v for k, v in b.items()
+                                                                                 if k != "unparsed_rate"}},
+                                        "old": {"success": 0.5}}})
+    assert "| test | bc | 75.0% | 25.0% | 37.5% | 50.0% | 12.5% | 0.0% |" in lines
+    assert "| test | older | 50.0% | 25.0% | 0.0% | 50.0% | 12.5% | 0.0% |" in lines  # rates from before unparsed_rate
     assert not any("| old |" in x for x in lines)  # a row without the rates (an older report.json) is left out

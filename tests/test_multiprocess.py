@@ -28,8 +28,21 @@ def _run(runs: Path, stage: str, procs: int, *extra: str, name: str = "mp", ok: 
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
     if ok:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + _first_errors(proc.stderr)
     return proc
+
+
+def _first_errors(stderr: str) -> str:
+    """The first traceback of each rank in torchrun's output (the tail alone shows the rank that
+    was stopped, not the one that failed first)."""
+    lines, out = stderr.splitlines(), []
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" in line:
+            block = lines[i:i + 60]
+            end = next((j for j, x in enumerate(block[1:], 1) if not re.sub(r"^\[rank\d+\]: ", "", x).startswith((" ", "\t"))),
+                       len(block) - 1)
+            out.append("\n".join(block[:end + 1]))
+    return "\n--- tracebacks, first of each ---\n" + "\n\n".join(dict.fromkeys(out))[:6000] if out else ""
 
 
 def _episodes(path: Path, tmp: Path) -> list[dict]:
