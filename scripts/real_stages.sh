@@ -28,10 +28,11 @@ LORA=${LORA/bc.learning_rate=1e-4/bc.learning_rate=5e-4}
 eto-train experts $LORA
 eto-train bc $LORA
 eto-train eval $LORA
-# 5. ScienceWorld: two tasks (find an animal, find a plant), 4 variations each per split, the paper's prompt
+# 5. ScienceWorld: two tasks (find an animal, find a plant), 4 variations each per split, the paper's prompt; its
+#    example thinks before it acts ("Thought: ... Action: ..."): 64 new tokens (24 cut every answer before its Action)
 SW="run_name=real-sciworld env=sciworld prompt=sciworld_eto model=smollm2_135m model.max_context=4096 \
 env.tasks=[task-3-find-animal,task-3-find-plant] env.limit_per_task=4 env.dev_holdout=2 env.step_limit=15 \
-bc.num_train_epochs=1 bc.per_device_train_batch_size=2 bc.learning_rate=1e-4 rollout.generation.max_new_tokens=24 \
+bc.num_train_epochs=3 bc.per_device_train_batch_size=2 bc.learning_rate=1e-4 rollout.generation.max_new_tokens=64 \
 eto.iterations=1 eto.dpo.num_train_epochs=1 eto.dpo.per_device_train_batch_size=2 eto.dpo.learning_rate=2e-5 \
 eto.dpo.max_length=4096 eto.test_last_iteration=true"
 eto-train experts $SW

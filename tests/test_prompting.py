@@ -114,3 +114,27 @@ def test_prompt_profiles_load_and_render(name):
         assert ctx[1] == {"role": "assistant", "content": "OK"} and len(cfg.example) >= 8
         assert "{{" not in text and ("{obj}" in text) == (name == "alfworld_eto")
         assert all(parse_action(m["content"]) for m in cfg.example if m["role"] == "assistant")
+
+
+def test_a_max_new_tokens_shorter_than_the_examples_answers_is_named(tmp_path):
+    """The ScienceWorld trap, measured on the real model: its one-shot example answers "Thought: ...
+    Action: ..."; with 24 new tokens every answer was cut inside its thought (unparsed 100%)."""
+    import lzma
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from eto_train.prompting import answer_room_warning
+
+    src = Path(__file__).parent / "data" / "tokenizers" / "smollm2"  # SmolLM2's real tokenizer (compressed)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes(lzma.decompress((src / f"{name}.xz").read_bytes()))
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    thought = "Thought: I need to find an animal. The greenhouse is a good place to look first.\nAction: go to greenhouse"
+    example = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "Action: look around"},
+               {"role": "user", "content": "obs"}, {"role": "assistant", "content": thought}]
+    need = len(tok(thought, add_special_tokens=False)["input_ids"]) + 1
+    line = answer_room_warning(tok, example, need - 1)
+    assert line and f"max_new_tokens={need - 1}" in line and f"at least {need}" in line
+    assert answer_room_warning(tok, example, need) is None
+    assert answer_room_warning(tok, [], 1) is None

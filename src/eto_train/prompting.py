@@ -95,6 +95,22 @@ def rollout_context(cfg: PromptConfig, system: str, first_user: str) -> list[dic
             {"role": "user", "content": first_user}]
 
 
+def answer_room_warning(tok, example: list, max_new_tokens: int) -> str | None:
+    """A line when the generation's ``max_new_tokens`` is shorter than the in-context example's
+    longest answer: a policy that answers in the example's shape (e.g. "Thought: ... Action: ...")
+    is then cut before its ``Action:`` line, every turn, and each cut answer counts as unparsed.
+    None when every example answer fits (or there is no example)."""
+    answers = [m["content"] for m in example if m.get("role") == "assistant"]
+    if not answers:
+        return None
+    longest = max(len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers) + 1  # + its end of turn
+    if max_new_tokens >= longest:
+        return None
+    return (f"rollout.generation.max_new_tokens={max_new_tokens} is shorter than the longest answer of prompt.example "
+            f"({longest} tokens with its end of turn): a policy that answers as the example does is cut before its "
+            f"Action line (counted as unparsed); raise it to at least {longest}")
+
+
 def format_action(action: str, thought: str | None = None) -> str:
     """The assistant turn for an action (the expert's, or a canonical rewrite)."""
     return (f"Thought: {thought}\nAction: {action}" if thought else f"Action: {action}")

@@ -43,7 +43,7 @@ from ..evaluation import evaluate
 from ..layout import PLAN, SHARDS  # data-parallel bookkeeping under the stage's work folder; gone once it is done
 from ..manifest import NEXT, Stage
 from ..model.load import is_local, load_model, load_tokenizer
-from ..prompting import PromptConfig
+from ..prompting import PromptConfig, answer_room_warning
 from ..records import Episode, PolicyRef
 from ..runtime import config_hash
 from ..store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_json, write_jsonl
@@ -117,6 +117,10 @@ def make_policy(cfg: Config, policy_path: str, settings: RolloutSection):
                                           seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
                                           **(settings.vllm.model_dump() if settings.vllm else {}))
     tok = load_tokenizer(policy_path, trust_remote_code=cfg.trust_remote_code)
+    warning = answer_room_warning(tok, [m if isinstance(m, dict) else m.model_dump() for m in cfg.prompt.example or []],
+                                  gen.max_new_tokens)
+    if warning and is_main():
+        Console(markup=False).print(f"warning: {warning}")
     model = load_model(policy_path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code, device="auto")
     return Policy(model, tok, gen, cfg.model.max_context)
 
