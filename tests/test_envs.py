@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from eto_train.envs import EnvironmentFailure, make_env
-from eto_train.envs.textworld_express import ACTION_FORMS
+from eto_train.envs.twx_games import ACTION_FORMS
 from eto_train.experts import expert_episode
 
 

@@ -53,7 +53,8 @@ def chatml(messages: list[dict]) -> str:
 
 def test_pretraining_seeds_avoid_every_split_of_the_twx_config():
     from eto_train.envs import make_env
-    from eto_train.pretrain.transcripts import pretrain_seeds, settings_of, task_of
+    from eto_train.pretrain.positions import pretrain_seeds
+    from eto_train.pretrain.transcripts import settings_of, task_of
     from eto_train.stages.pretrain import seed_sets
 
     cfg = compose([])
@@ -107,7 +108,8 @@ def test_bad_pretrain_values_stop_the_stage_before_anything_is_written(tmp_path)
 def test_transcripts_gold_random_detour_deterministic_in_the_policy_layout(tmp_path):
     from eto_train.model.tiny import train_tokenizer
     from eto_train.prompting import PromptConfig
-    from eto_train.pretrain.transcripts import (GenConfig, Setting, generate, pretrain_seeds, render,
+    from eto_train.pretrain.positions import pretrain_seeds
+    from eto_train.pretrain.transcripts import (GenConfig, Setting, generate, render,
                                                 shard_files, transcripts_of_task)
 
     kinds = {"gold": 1, "random": 1, "detour": 2}

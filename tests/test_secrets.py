@@ -12,7 +12,8 @@ import json
 import pytest
 from test_bad_input import make_episode, make_pair
 
-from eto_train.export import EXPORT_FORMATS, export_training_data
+from eto_train.config import EXPORT_FORMATS
+from eto_train.export import export_training_data
 from eto_train.records import Step
 from eto_train.redact import Redactor
 from eto_train.store import append_episodes, write_jsonl

@@ -44,8 +44,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from .errors import ConfigError
-from .export import EXPORT_FORMATS
-from .pairs import EXPERT_REWARDS
 from .prompting import OPENINGS, PromptConfig
 from .records import STATUSES
 from .trl_names import dpo_loss_types, save_strategies, scheduler_types, trainer_fields, version
@@ -54,6 +52,8 @@ __all__ = ["Config", "ConfigError", "EnvSection", "RolloutSection", "Section", "
 
 CONTRASTS = ("trajectory", "step", "mixture", "step_value", "anchor")  # eto.pairs.contrast, compare.variants
 CHOSEN = ("expert", "self", "both")
+EXPERT_REWARDS = ("file", "authors")  # eto.pairs.expert_reward (pairs.expert_reward_of)
+EXPORT_FORMATS = ("eto", "messages", "episodes", "eto_eval", "agenttraj")  # export.format (export.py)
 REJECTED_CUTS = ("expert_length", "first_divergence")
 STEP_POSITIONS = ("all", "sample", "first_divergence")
 METRICS = ("success_rate", "mean_score")  # env.metric: the dev figure that selects and stops ETO iterations
@@ -818,7 +818,7 @@ class Play(Section):
 
 
 def _twx_game(v: str) -> str:
-    from .envs.textworld_express import ACTION_FORMS
+    from .envs.twx_games import ACTION_FORMS
 
     if v not in ACTION_FORMS:
         raise allowed(f"a TextWorldExpress game: {one_of(sorted(ACTION_FORMS))}")
@@ -1006,7 +1006,7 @@ class Config(Section):
 def _pretrain_seeds_error(cfg: Config) -> str | None:
     """pretrain_seeds' complaint about ``pretrain.data.heldout`` against the TextWorldExpress splits
     pretraining must avoid (the run's env when it is twx, else configs/env/twx.yaml), or None."""
-    from .pretrain.transcripts import pretrain_seeds
+    from .pretrain.positions import pretrain_seeds
 
     if cfg.env.name == "twx":
         splits = cfg.env.plain()["splits"]

@@ -1,6 +1,7 @@
 """Credit at the decision boundary: per step, the components agent-training practice keeps apart.
 
-Per step ``t`` (:func:`step_credit`), each a float so the record stays plain JSON:
+Per step ``t`` (:func:`eto_train.records.step_credit`, which ``Episode.finish`` stores on the record), each a
+float so the record stays plain JSON:
 
 - ``validity``: 1.0 when the output parsed and the environment accepted the action (``Step.valid``).
 - ``progress``: the score change of this step, ``reward_t - reward_{t-1}`` with ``reward_{-1} = 0``
@@ -32,42 +33,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .records import NOT_POLICY_FAULT, Episode, Step
+from .records import NOT_POLICY_FAULT, Episode, step_credit
 
 KEYS = ("validity", "progress", "redundant", "loop")
 PREMATURE = ("failure", "model_failure")  # the policy's own early end (records.STATUSES)
-
-
-def action_key(step: Step) -> str:
-    """What an action is compared by: its parsed text, or the raw output when it did not parse."""
-    return step.action if step.action is not None else step.raw_output
-
-
-def loop_marks(keys: list[str], repeats: int = 3) -> list[bool]:
-    """Per position: does it complete ``repeats`` equal keys in a row, or an A-B cycle ``repeats`` times?"""
-    marks = [False] * len(keys)
-    for i in range(len(keys) - repeats + 1):
-        if len(set(keys[i:i + repeats])) == 1:
-            marks[i + repeats - 1] = True
-    for i in range(len(keys) - 2 * repeats + 1):
-        w = keys[i:i + 2 * repeats]
-        if w[0] != w[1] and w[0::2] == [w[0]] * repeats and w[1::2] == [w[1]] * repeats:
-            marks[i + 2 * repeats - 1] = True
-    return marks
-
-
-def step_credit(ep: Episode, repeats: int = 3) -> list[dict[str, float]]:
-    """The four components of every step of ``ep`` (see the module's docstring)."""
-    keys = [action_key(s) for s in ep.steps]
-    states = [ep.first_observation] + [s.observation for s in ep.steps[:-1]]
-    seen: set[tuple[str, str]] = set()
-    out, before = [], 0.0
-    for s, key, state, loop in zip(ep.steps, keys, states, loop_marks(keys, repeats)):
-        out.append({"validity": float(s.valid), "progress": s.reward - before,
-                    "redundant": float((state, key) in seen), "loop": float(loop)})
-        seen.add((state, key))
-        before = s.reward
-    return out
 
 
 def credit_of(ep: Episode) -> list[dict[str, float]]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from .credit import action_key, loop_marks, rates
-from .records import NOT_POLICY_FAULT, Episode
+from .credit import rates
+from .records import NOT_POLICY_FAULT, Episode, action_key, loop_marks
 from .stats import wilson_ci
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config import EXPORT_FORMATS
 from .eto_format import agenttraj_id, eto_id, pair_to_eto, to_agenttraj, to_eto, to_eval_output, write_eval_outputs
 from .pairs import Pair, pair_from_dict
 from .records import NOT_POLICY_FAULT, Episode, RecordError, to_messages
@@ -24,7 +25,6 @@ from .store import read_jsonl, write_atomic, write_jsonl
 # the authors' layouts | chat messages (TRL) | full records | the authors' evaluation outputs (a
 # folder, one file per task: what their construct_preference.py reads; eto_format.write_eval_outputs) |
 # AgentGym's AgentTraj (item_id, conversations with loss flags: what its BC trainer reads)
-EXPORT_FORMATS = ("eto", "messages", "episodes", "eto_eval", "agenttraj")
 
 
 @dataclass

@@ -37,13 +37,12 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable
 
-from .credit import action_key  # what an action is compared by (one home: credit.py)
-from .records import NOT_POLICY_FAULT, Episode, RecordError, Step, context_length, to_messages
+from .config import EXPERT_REWARDS
+from .records import NOT_POLICY_FAULT, Episode, RecordError, action_key, context_length, to_messages
 from .store import read_jsonl
 
 ROLES = ("system", "user", "assistant")
 PAIR_KINDS = ("trajectory", "step", "self", "step_value", "anchor")
-EXPERT_REWARDS = ("file", "authors")  # eto.pairs.expert_reward
 # environments where the authors' construct_preference.py fixes the gold reward at 1.0
 # (build_preference: ``if args.task == 'sciworld'``; build_preference_alfworld: sciworld or alfworld)
 AUTHORS_GOLD_ONE = ("sciworld", "alfworld")

@@ -36,7 +36,7 @@ class Step:
     latency_s: float = 0.0  # the policy's time for the batched step this output came from
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    # per-step credit (credit.py: validity, progress, redundant, loop), set by Episode.finish;
+    # per-step credit (validity, progress, redundant, loop: :func:`step_credit`), set by Episode.finish;
     # None on records written before it (credit.credit_of computes it for those)
     credit: dict[str, float] | None = None
     # the environment's own time answering this step's action (envs/guard.py measures it where the
@@ -102,8 +102,6 @@ class Episode:
             "validity": (sum(s.valid for s in self.steps) / n) if n else 0.0,
             "cost": float(n),
         }
-        from .credit import step_credit  # local: credit imports records
-
         for s, c in zip(self.steps, step_credit(self)):
             s.credit = c
 
@@ -174,3 +172,38 @@ def to_messages(ep: Episode, max_turns: int | None = None) -> list[dict[str, str
         if i + 1 < len(steps):
             msgs.append({"role": "user", "content": s.observation})
     return msgs
+
+
+# -- per-step credit (what Episode.finish stores; the rates over episodes are credit.py's) ------------
+
+def action_key(step: Step) -> str:
+    """What an action is compared by: its parsed text, or the raw output when it did not parse."""
+    return step.action if step.action is not None else step.raw_output
+
+
+def loop_marks(keys: list[str], repeats: int = 3) -> list[bool]:
+    """Per position: does it complete ``repeats`` equal keys in a row, or an A-B cycle ``repeats`` times?"""
+    marks = [False] * len(keys)
+    for i in range(len(keys) - repeats + 1):
+        if len(set(keys[i:i + repeats])) == 1:
+            marks[i + repeats - 1] = True
+    for i in range(len(keys) - 2 * repeats + 1):
+        w = keys[i:i + 2 * repeats]
+        if w[0] != w[1] and w[0::2] == [w[0]] * repeats and w[1::2] == [w[1]] * repeats:
+            marks[i + 2 * repeats - 1] = True
+    return marks
+
+
+def step_credit(ep: Episode, repeats: int = 3) -> list[dict[str, float]]:
+    """The four components of every step of ``ep`` (defined in credit.py's docstring; stored by
+    ``Episode.finish``, read back by ``credit.credit_of``)."""
+    keys = [action_key(s) for s in ep.steps]
+    states = [ep.first_observation] + [s.observation for s in ep.steps[:-1]]
+    seen: set[tuple[str, str]] = set()
+    out, before = [], 0.0
+    for s, key, state, loop in zip(ep.steps, keys, states, loop_marks(keys, repeats)):
+        out.append({"validity": float(s.valid), "progress": s.reward - before,
+                    "redundant": float((state, key) in seen), "loop": float(loop)})
+        seen.add((state, key))
+        before = s.reward
+    return out

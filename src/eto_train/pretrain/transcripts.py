@@ -35,7 +35,7 @@ a system turn naming the game's action forms, ``Task: ...`` with the first obser
 template when it is tokenized, so pretraining and BC share one format. Unlike a BC example,
 it ends on the observation that answers the last action.
 
-Seeds (:func:`pretrain_seeds`) are positions in each game's list of valid seeds of a fold, as
+Seeds (:func:`.positions.pretrain_seeds`) are positions in each game's list of valid seeds of a fold, as
 the env splits are: the ``test`` fold (no split uses it) and the ``train``-fold positions that no
 split of the env config uses (so BC's 500 training tasks stay its only data of those tasks),
 never the ``dev`` fold (``unseen`` and ``test_unseen`` are drawn from it). A held-out set of
@@ -58,11 +58,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..store import write_json, write_jsonl
+from .positions import FOLD_SIZE, FOLDS, SeedSets
 
 KINDS = ("gold", "random", "detour")
-FOLDS = ("train", "dev", "test")
-DEFAULT_FOLDS = ("train", "test")   # never dev: unseen and test_unseen are dev-fold seeds
-FOLD_SIZE = 1000                    # valid seeds per fold of every TextWorldExpress game
 DIRECTIONS = ("north", "south", "east", "west")
 INVERSE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 
@@ -106,7 +104,7 @@ class Setting:
 def settings_of(raw: Iterable[dict[str, Any]], only_games: Iterable[str] | None = None) -> list[Setting]:
     """``pretrain.data.settings`` (``{game, params, tasks}`` entries) as settings; ``only_games``
     keeps those games only (a toy run's filter)."""
-    from ..envs.textworld_express import ACTION_FORMS
+    from ..envs.twx_games import ACTION_FORMS
 
     keep = set(only_games) if only_games else None
     out, seen = [], set()
@@ -128,64 +126,6 @@ def settings_of(raw: Iterable[dict[str, Any]], only_games: Iterable[str] | None 
     if not out:
         raise ValueError("pretrain.data.settings: no setting left (check pretrain.data.only_games)")
     return out
-
-
-def split_positions(splits: dict[str, dict[str, Any]]) -> dict[str, set[int]]:
-    """Seed positions each fold's env splits use (every game of the env shares them)."""
-    used: dict[str, set[int]] = {f: set() for f in FOLDS}
-    for spec in splits.values():
-        start, count = int(spec["start"]), int(spec["count"])
-        used.setdefault(spec["fold"], set()).update(range(start, start + count))
-    return used
-
-
-@dataclass(frozen=True)
-class SeedSets:
-    """Positions (in each game's list of valid seeds of a fold) for pretraining."""
-
-    train: dict[str, list[int]]      # fold -> positions transcripts are trained on
-    heldout: dict[str, list[int]]    # fold -> positions for the probes and the held-out loss
-    excluded: dict[str, list[int]]   # fold -> positions the env splits use (never played here)
-
-    def summary(self) -> dict[str, Any]:
-        def ranges(xs: list[int]) -> list[list[int]]:
-            out: list[list[int]] = []
-            for x in sorted(xs):
-                if out and x == out[-1][1] + 1:
-                    out[-1][1] = x
-                else:
-                    out.append([x, x])
-            return out
-        return {part: {f: ranges(p) for f, p in getattr(self, part).items() if p}
-                for part in ("train", "heldout", "excluded")}
-
-
-def pretrain_seeds(splits: dict[str, dict[str, Any]], heldout: dict[str, Any],
-                   folds: Iterable[str] = DEFAULT_FOLDS, fold_size: int = FOLD_SIZE) -> SeedSets:
-    """The pretraining and held-out positions: every position of ``folds`` that no env split
-    (``env.splits``: train, dev, seen, unseen, test_*) uses, minus the held-out ones.
-
-    ``heldout`` is ``{fold, start, count}``; it must avoid the env splits too.
-    """
-    folds = list(folds)
-    bad = [f for f in folds if f not in FOLDS]
-    if bad:
-        raise ValueError(f"pretrain.data.folds: {bad} not among {list(FOLDS)}")
-    used = split_positions(splits)
-    h_fold, h_start, h_count = heldout["fold"], int(heldout["start"]), int(heldout["count"])
-    if h_fold not in FOLDS:
-        raise ValueError(f"pretrain.data.heldout.fold: {h_fold!r} not among {list(FOLDS)}")
-    h_pos = list(range(h_start, h_start + h_count))
-    clash = sorted(set(h_pos) & used[h_fold])
-    if clash:
-        raise ValueError(f"pretrain.data.heldout: positions {clash[0]}..{clash[-1]} of the {h_fold} fold "
-                         "are used by an env split; held-out transcripts must avoid every split")
-    if h_pos and (h_pos[0] < 0 or h_pos[-1] >= fold_size):
-        raise ValueError(f"pretrain.data.heldout: positions must lie in 0..{fold_size - 1}")
-    train = {f: [p for p in range(fold_size) if p not in used[f] and not (f == h_fold and p in h_pos)]
-             for f in folds}
-    return SeedSets(train=train, heldout={h_fold: h_pos} if h_pos else {},
-                    excluded={f: sorted(p) for f, p in used.items() if p})
 
 
 # -- playing -------------------------------------------------------------------------------------

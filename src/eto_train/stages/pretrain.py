@@ -49,7 +49,7 @@ def exclusion_env(cfg) -> dict[str, Any]:
 
 
 def seed_sets(cfg):
-    from ..pretrain.transcripts import pretrain_seeds
+    from ..pretrain.positions import pretrain_seeds
 
     data = to_plain(cfg.pretrain.data)
     return pretrain_seeds(exclusion_env(cfg)["splits"], data["heldout"], data["folds"])
