@@ -136,6 +136,7 @@ class RealTrain(_Part):
     bc_steps: int = Count
     dpo_pairs: int = Count
     dpo_steps: int = Count
+    dtypes: list[Literal["float32", "bfloat16"]] = Field(default=["float32"], min_length=1)  # bfloat16: bf16 autocast
 
 
 class RealBench(_Part):
@@ -154,6 +155,7 @@ class RealBench(_Part):
     vllm_python: str
     decode: RealDecode
     train: RealTrain
+    parts: list[Literal["decode", "rollouts", "training"]] = Field(min_length=1)  # the matmul peak always runs
 
     @field_validator("engines")
     @classmethod

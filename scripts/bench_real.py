@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from eto_train import layout
 from eto_train.runtime import cores, setup_runtime, to_plain, versions
@@ -273,16 +272,6 @@ def training(real, out: Path, peak: dict) -> dict:
     finally:
         env.close()
     n_params = sum(p.numel() for p in load_model(path).parameters())
-    res = {"parameters": n_params, "threads": threads}
-    bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", "logging_steps": 1000,
-          "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **t.get("bc", {})}
-    trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
-                           sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
-    r = trainer.train()
-    lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
-    tokens = round(statistics.mean(lengths) * t.batch * r.global_step)
-    res["bc"] = _fraction(tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads,
-                          steps=r.global_step, losses=[h["loss"] for h in trainer.state.log_history if "loss" in h])
     # DPO on trajectory pairs: the expert against a one-step-off copy of itself (the first action replaced)
     pairs = []
     for ep in experts[: t.dpo_pairs]:
@@ -291,31 +280,51 @@ def training(real, out: Path, peak: dict) -> dict:
         other.final_score, other.status = 0.0, "max_steps"
         if (p := trajectory_pair(ep, other)) is not None:
             pairs.append({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected})
-    d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", "logging_steps": 1,
-         "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
-         **t.get("dpo", {})}
-    d.pop("later", None)
-    t0 = time.perf_counter()
-    tr = make_dpo_trainer(load_model(path), None, tok, Dataset.from_list(pairs),
-                          dpo_arguments(DPOSection.model_validate(d), out / "dpo", 0))
-    ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
-    r = tr.train()
-    ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
-    per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
-    policy_tokens = round(statistics.mean(per_pair) * t.batch * r.global_step)
-    ref_tokens = sum(per_pair)
-    res["dpo"] = _fraction(policy_tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, steps=r.global_step,
-                           losses=[h["loss"] for h in tr.state.log_history if "loss" in h])
-    res["dpo"]["reference_pass"] = _fraction(ref_tokens, ref_s, 2 * n_params, peak, threads)
-    res["dpo"]["pairs"] = len(pairs)
+    res = {"parameters": n_params, "threads": threads, "bc": {}, "dpo": {}}
+    for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
+        bf16 = {"bf16": dtype == "bfloat16"}
+        bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", "logging_steps": 1,
+              "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.get("bc", {})}
+        trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
+                               sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
+        r = trainer.train()
+        lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
+        tokens = round(statistics.mean(lengths) * t.batch * r.global_step)
+        res["bc"][dtype] = _fraction(tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
+                                     steps=r.global_step, losses=_losses(trainer))
+        d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", "logging_steps": 1,
+             "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
+             **bf16, **t.get("dpo", {})}
+        d.pop("later", None)
+        t0 = time.perf_counter()
+        tr = make_dpo_trainer(load_model(path), None, tok, Dataset.from_list(pairs),
+                              dpo_arguments(DPOSection.model_validate(d), out / "dpo", 0))
+        ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
+        r = tr.train()
+        ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
+        per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
+        policy_tokens = round(statistics.mean(per_pair) * t.batch * r.global_step)
+        x = res["dpo"][dtype] = _fraction(policy_tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
+                                          steps=r.global_step, losses=_losses(tr), pairs=len(pairs))
+        x["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype)
+    for k in ("bc", "dpo"):  # bf16 against fp32: the same steps on the same batches, losses within bf16's tolerance
+        if {"float32", "bfloat16"} <= res[k].keys():
+            a, b = res[k]["float32"]["losses"], res[k]["bfloat16"]["losses"]
+            res[k]["bf16_speedup"] = res[k]["bfloat16"]["tokens_per_s"] / res[k]["float32"]["tokens_per_s"]
+            res[k]["loss_max_abs_diff"] = max(abs(u - v) for u, v in zip(a, b)) if a and b else None
     return res
 
 
-def _fraction(tokens: int, seconds: float, flops_per_token: float, peak: dict, threads: int, **extra) -> dict:
+def _losses(trainer) -> list[float]:
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def _fraction(tokens: int, seconds: float, flops_per_token: float, peak: dict, threads: int, dtype: str,
+              **extra) -> dict:
     gflops = tokens * flops_per_token / seconds / 1e9
-    ceiling = peak["peak"].get(f"float32/{threads}")
+    ceiling = peak["peak"].get(f"{dtype}/{threads}")
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "gflops": gflops,
-            "fraction_of_fp32_peak": gflops / ceiling if ceiling else None, **extra}
+            "fraction_of_peak": gflops / ceiling if ceiling else None, **extra}
 
 
 # -- the section ------------------------------------------------------------------------------------
@@ -329,14 +338,16 @@ def run(cfg) -> dict:
     res = {"threads": threads, "matmul": peak, "versions": versions()}
     from eto_train.model.load import load_model, load_tokenizer
 
-    mcfg = _compose([f"model={real.model}"])
-    path = str(mcfg.model.path)
-    d = real.decode
-    res["decode_step"] = decode_step(load_model(path, dtype="float32"), load_tokenizer(path), d.batch, d.context,
-                                     d.steps, d.shared)
-    print(f"[bench real] decode step {res['decode_step']}", flush=True)
-    res["rollouts"] = {env: rollouts(real, env, out) for env in real.envs}
-    res["training"] = training(real, out, peak)
+    if "decode" in real.parts:
+        path = str(_compose([f"model={real.model}"]).model.path)
+        d = real.decode
+        res["decode_step"] = decode_step(load_model(path, dtype="float32"), load_tokenizer(path), d.batch, d.context,
+                                         d.steps, d.shared)
+        print(f"[bench real] decode step {res['decode_step']}", flush=True)
+    if "rollouts" in real.parts:
+        res["rollouts"] = {env: rollouts(real, env, out) for env in real.envs}
+    if "training" in real.parts:
+        res["training"] = training(real, out, peak)
     return res
 
 
@@ -345,12 +356,12 @@ def rows(t, r) -> None:
     t.add_row(f"matmul peak, fp32 / bf16 (GFLOP/s; CPU capability {r['matmul']['cpu_capability']})",
               "; ".join(f"{k.split('/')[1]} thread(s): {pk[k]:.0f} / {pk[k.replace('float32', 'bfloat16')]:.0f}"
                         for k in pk if k.startswith("float32")))
-    d = r["decode_step"]
-    t.add_row(f"decode step, batch {d['batch']}, {d['context']}-token contexts ({d.get('shared_prefix', 0)} shared): "
-              "engine / weights only / 577f8ab",
-              f"{d['engine_ms']:.0f} / {d['weights_only_ms']:.0f} / {d['engine_577f8ab_ms']:.0f} ms "
-              f"({d['engine_vs_weights']:.2f}x the weights; target <= 2x)")
-    for env, ro in r["rollouts"].items():
+    if d := r.get("decode_step"):
+        t.add_row(f"decode step, batch {d['batch']}, {d['context']}-token contexts ({d.get('shared_prefix', 0)} shared): "
+                  "engine / weights only / 577f8ab",
+                  f"{d['engine_ms']:.0f} / {d['weights_only_ms']:.0f} / {d['engine_577f8ab_ms']:.0f} ms "
+                  f"({d['engine_vs_weights']:.2f}x the weights; target <= 2x)")
+    for env, ro in r.get("rollouts", {}).items():
         for name in ("engine", "engine_577f8ab", "generate"):
             if name in ro:
                 x = ro[name]
@@ -368,9 +379,18 @@ def rows(t, r) -> None:
                       "apart)", f"{ro['vllm_vs_engine_same_process']:.2f}x (steps/s)")
         else:
             t.add_row(f"{env}: vLLM-CPU", str(v))
-    tr = r["training"]
+    if tr := r.get("training"):
+        training_rows(t, tr)
+
+
+def training_rows(t, tr) -> None:
     for k in ("bc", "dpo"):
-        x = tr[k]
-        t.add_row(f"{k.upper()} on the real model, {tr['threads']} thread(s)",
-                  f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_fp32_peak']:.0f}% "
-                  "of the fp32 peak (target >= 40%)")
+        for dtype, x in tr[k].items():
+            if isinstance(x, dict):
+                t.add_row(f"{k.upper()} on the real model, {dtype}{' autocast' if dtype == 'bfloat16' else ''}, "
+                          f"{tr['threads']} thread(s)",
+                          f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_peak']:.0f}% "
+                          f"of the {dtype} peak (target >= 40%); losses {', '.join(f'{v:.3f}' for v in x['losses'])}")
+        if "bf16_speedup" in tr[k]:
+            t.add_row(f"{k.upper()}: bf16 autocast / fp32", f"{tr[k]['bf16_speedup']:.2f}x tok/s; losses differ by at most "
+                      f"{tr[k]['loss_max_abs_diff']:.4f}")
