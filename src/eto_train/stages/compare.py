@@ -37,8 +37,7 @@ from ..reporting import table_rows
 from ..runtime import setup_runtime, to_plain
 from ..store import write_atomic, write_json
 from ..training import recipe
-from .eto import dpo, explore, pairs
-from .eto import prepare_bc
+from .eto import dpo, explore_pair_train, prepare_bc
 from .evaluate import evaluate_policy
 
 
@@ -158,18 +157,16 @@ def run(cfg) -> dict[str, Any]:
     untrained: list[str] = []  # arms that found no pair
     for v in cc.variants:
         vcfg, vout = arm_config(cfg, v), out / v
-        explored, continuations = explore.run(vcfg, 1, bc_policy, vout)
-        vpairs = pairs.run(vcfg, 1, explored, continuations, vout)
+        r = explore_pair_train(vcfg, 1, bc_policy, vout)
         cost[v] = rollout_cost(json.loads(layout.pairs_stats(vout).read_text(encoding="utf-8")))
-        if not vpairs:  # nothing to contrast: the arm leaves BC as it is (reported as BC, 0 steps)
+        if r.trained is None:  # nothing to contrast: the arm leaves BC as it is (reported as BC, 0 steps)
             console.print(f"[compare] arm {v}: no pairs, so no DPO: the arm is BC itself")
             policies[v], steps[v] = bc_policy, 0
             untrained.append(v)
             continue
-        trained = dpo.run(vcfg, 1, bc_policy, vpairs, vout)
-        policies[v], steps[v] = trained.policy, trained.metrics["optimizer_steps"]
+        policies[v], steps[v] = r.trained.policy, r.trained.metrics["optimizer_steps"]
         if v == control_of:
-            control_pairs, control_variant = vpairs, trained
+            control_pairs, control_variant = r.pairs, r.trained
     if cc.control and control_pairs:
         policies["control"] = sft_control(cfg, bc_policy, control_pairs, control_variant, out / control_of,
                                           out / layout.CONTROL)

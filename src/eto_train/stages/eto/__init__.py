@@ -40,6 +40,23 @@ from ..evaluate import evaluate_policy
 from . import dpo, explore, pairs
 
 
+@dataclass(frozen=True)
+class Round:
+    """What one round of ETO's data and training made from a policy (``explore_pair_train``)."""
+    explored: list  # the policy's episodes (records.Episode)
+    pairs: list  # the contrast pairs (pairs.Pair)
+    trained: dpo.DPOResult | None  # None: no pair, so no DPO
+
+
+def explore_pair_train(cfg, k: int, policy_path: str, out: Path) -> Round:
+    """Iteration ``k``'s explore -> pairs -> DPO from ``policy_path`` in ``out`` (an ETO iteration folder, or a
+    compare arm's): the one sequence `make eto` and `make compare-contrast` share. No pair: no DPO (the caller
+    decides what that means: an error in ETO, an arm left at BC in compare)."""
+    explored, continuations = explore.run(cfg, k, policy_path, out)
+    pair_list = pairs.run(cfg, k, explored, continuations, out)
+    trained = dpo.run(cfg, k, policy_path, pair_list, out) if pair_list else None
+    return Round(explored, pair_list, trained)
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -134,9 +151,10 @@ def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = N
     cfg = typed(cfg)
     sel = selection or check_selection(cfg)
     out = layout.RunLayout.of(cfg).iteration(k)
-    explored, continuations = explore.run(cfg, k, policy_path, out)
-    pair_list = pairs.run(cfg, k, explored, continuations, out)
-    new_policy = dpo.run(cfg, k, policy_path, pair_list, out).policy
+    r = explore_pair_train(cfg, k, policy_path, out)
+    if r.trained is None:
+        raise ValueError(f"iteration {k}: no pairs to train on (see {layout.pairs_stats(out)})")
+    explored, pair_list, new_policy = r.explored, r.pairs, r.trained.policy
     dev = None
     if sel.dev_split is not None:
         dev = evaluate_policy(cfg, new_policy, f"iter{k}", [sel.dev_split], layout.evaluations(out))[sel.dev_split]["overall"]
