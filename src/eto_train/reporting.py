@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import layout
+from .evaluation import BEHAVIOUR
 from .store import read_episodes
 
 
@@ -79,6 +80,68 @@ def iteration_plot(history: list[dict[str, Any]], path: Path, split: str) -> Non
     ax.set_xlabel("ETO iteration")
     ax.set_ylabel(f"{split} success (%)")
     ax.set_ylim(0, 100)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- make compare-contrast: its markdown, chart and console table ------------------------------------
+
+def print_comparison(results: dict[str, Any], md: Path, png: Path) -> None:
+    """`make compare-contrast`'s table on the console: each arm, the control and BC, paired on the same seeds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="contrast arms vs BC and the control (paired on the same seeds)")
+    for col in ("split", "game", "policy", "n", "success [95% CI]", "vs BC [95% CI]", "p", "vs control [95% CI]", "p"):
+        t.add_column(col, no_wrap=True)
+    for cells in table_rows(results["splits"]):
+        t.add_row(*cells)
+    console = Console(width=120, markup=False)
+    console.print(t)
+    console.print("rollouts per arm: " + ", ".join(f"{v} {c['total']}" for v, c in results["rollout_cost"].items()))
+    console.print(f"-> {md}, {png}")
+
+
+def comparison_markdown(results: dict[str, Any]) -> str:
+    lines = ["| split | game | policy | n | success [95% CI] | vs BC [95% CI] | McNemar p | vs control [95% CI] | McNemar p |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results["splits"])]
+    cost = results.get("rollout_cost") or {}
+    if cost:  # what each arm's data cost: the rollouts behind its pairs
+        lines += ["", "| arm | episodes explored + continuations | value rollouts | rollouts in all |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {v} | {c['episodes']} | {c['value_rollouts']} | {c['total']} |" for v, c in cost.items()]
+    beh = results.get("behaviour") or {}
+    if beh:  # how each policy fails, beside whether it succeeds (evaluation.behaviour)
+        lines += ["", "| split | policy | " + " | ".join(h for _, h in BEHAVIOUR) + " |",
+                  "| --- | --- | " + " | ".join("---" for _ in BEHAVIOUR) + " |"]
+        lines += [f"| {split} | {n} | " + " | ".join(f"{100 * r.get(k, 0.0):.1f}%" for k, _ in BEHAVIOUR) + " |"
+                  for split, rows in beh.items() for n, r in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = list(results["splits"])
+    names = list(next(iter(results["splits"].values()))) if splits else []
+    fig, ax = plt.subplots(figsize=(1.6 * max(3, len(names)) + 1, 3.5))
+    width = 0.8 / max(1, len(splits))
+    for i, split in enumerate(splits):
+        rows = results["splits"][split]
+        ys = [100 * rows[n]["success"] for n in names]
+        err = [[100 * (rows[n]["success"] - rows[n]["success_ci95"][0]) for n in names],
+               [100 * (rows[n]["success_ci95"][1] - rows[n]["success"]) for n in names]]
+        ax.bar([j + i * width for j in range(len(names))], ys, width, yerr=err, capsize=3, label=split)
+    ax.set_xticks([j + width * (len(splits) - 1) / 2 for j in range(len(names))], names)
+    ax.set_ylabel("success rate (%)")
+    ax.set_ylim(0, 100)
+    ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -23,17 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from .. import layout, tracking
 from ..config import BCSection, DPOSection, dotted_overrides, typed
 from ..distributed import grad_accum, is_main, world_size
 from ..envs import check_splits
-from ..evaluation import BEHAVIOUR, behaviour, comparison
+from ..evaluation import behaviour, comparison
 from ..manifest import Stage
 from ..model.load import check_quantization
 from ..pairs import Pair
-from ..reporting import table_rows
+from ..reporting import comparison_chart, comparison_markdown, print_comparison
 from ..runtime import setup_runtime, to_plain
 from ..store import write_atomic, write_json
 from ..training import recipe
@@ -194,59 +193,7 @@ def run(cfg) -> dict[str, Any]:
                                                      if r.get("vs_bc") else {})} for n, r in rows.items()}
                                               for s, rows in results["splits"].items()}, out)
     md, png = layout.compare_file(out, ".md"), layout.compare_file(out, ".png")
-    write_atomic(md, markdown(results))
-    chart(results, png)
-
-    t = Table(title="contrast arms vs BC and the control (paired on the same seeds)")
-    for col in ("split", "game", "policy", "n", "success [95% CI]", "vs BC [95% CI]", "p", "vs control [95% CI]", "p"):
-        t.add_column(col, no_wrap=True)
-    for cells in table_rows(results["splits"]):
-        t.add_row(*cells)
-    console.print(t)
-    console.print("rollouts per arm: " + ", ".join(f"{v} {c['total']}" for v, c in cost.items()))
-    console.print(f"-> {md}, {png}")
+    write_atomic(md, comparison_markdown(results))
+    comparison_chart(results, png)
+    print_comparison(results, md, png)
     return results
-
-
-def markdown(results: dict[str, Any]) -> str:
-    lines = ["| split | game | policy | n | success [95% CI] | vs BC [95% CI] | McNemar p | vs control [95% CI] | McNemar p |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results["splits"])]
-    cost = results.get("rollout_cost") or {}
-    if cost:  # what each arm's data cost: the rollouts behind its pairs
-        lines += ["", "| arm | episodes explored + continuations | value rollouts | rollouts in all |",
-                  "| --- | --- | --- | --- |"]
-        lines += [f"| {v} | {c['episodes']} | {c['value_rollouts']} | {c['total']} |" for v, c in cost.items()]
-    beh = results.get("behaviour") or {}
-    if beh:  # how each policy fails, beside whether it succeeds (evaluation.behaviour)
-        lines += ["", "| split | policy | " + " | ".join(h for _, h in BEHAVIOUR) + " |",
-                  "| --- | --- | " + " | ".join("---" for _ in BEHAVIOUR) + " |"]
-        lines += [f"| {split} | {n} | " + " | ".join(f"{100 * r.get(k, 0.0):.1f}%" for k, _ in BEHAVIOUR) + " |"
-                  for split, rows in beh.items() for n, r in rows.items()]
-    return "\n".join(lines) + "\n"
-
-
-def chart(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    splits = list(results["splits"])
-    names = list(next(iter(results["splits"].values()))) if splits else []
-    fig, ax = plt.subplots(figsize=(1.6 * max(3, len(names)) + 1, 3.5))
-    width = 0.8 / max(1, len(splits))
-    for i, split in enumerate(splits):
-        rows = results["splits"][split]
-        ys = [100 * rows[n]["success"] for n in names]
-        err = [[100 * (rows[n]["success"] - rows[n]["success_ci95"][0]) for n in names],
-               [100 * (rows[n]["success_ci95"][1] - rows[n]["success"]) for n in names]]
-        ax.bar([j + i * width for j in range(len(names))], ys, width, yerr=err, capsize=3, label=split)
-    ax.set_xticks([j + width * (len(splits) - 1) / 2 for j in range(len(names))], names)
-    ax.set_ylabel("success rate (%)")
-    ax.set_ylim(0, 100)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
