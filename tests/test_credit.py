@@ -108,3 +108,22 @@ def test_report_shows_the_rates_beside_success_per_policy():
     assert "| test | bc | 75.0% | 25.0% | 37.5% | 50.0% | 12.5% | 0.0% |" in lines
     assert "| test | older | 50.0% | 25.0% | 0.0% | 50.0% | 12.5% | 0.0% |" in lines  # rates from before unparsed_rate
     assert not any("| old |" in x for x in lines)  # a row without the rates (an older report.json) is left out
+
+
+def test_the_report_names_what_each_environment_plays():
+    """The report's first line named TextWorldExpress's games only: on ScienceWorld (which has tasks, not games)
+    `eto-train report` failed with AttributeError after the whole run had finished."""
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.config import load
+    from eto_train.layout import CONFIGS
+    from eto_train.stages.report import env_scope
+
+    def env(*overrides):
+        with initialize_config_dir(str(CONFIGS), version_base="1.3", job_name="report_scope"):
+            return load(compose("config", overrides=list(overrides))).env
+
+    assert env_scope(env()) == " (mapreader, twc)"
+    assert env_scope(env("env=sciworld", "env.tasks=[task-3-find-animal,task-3-find-plant]")) \
+        == " (task-3-find-animal, task-3-find-plant)"
+    assert env_scope(env("env=sciworld", "env.tasks=null")) == " (all tasks)"

@@ -145,10 +145,22 @@ def writable_place(cfg, folder: Path, what: str) -> Path:
     return where
 
 
+def env_scope(env) -> str:
+    """What of the environment a run plays, for the report's first line: TextWorldExpress's games, ScienceWorld's
+    or ALFWorld's tasks (" (all tasks)" when none are named), nothing for an environment without either."""
+    for key in ("games", "tasks"):
+        if key in type(env).model_fields:
+            names = env.get(key)
+            if not names:
+                return " (all tasks)"
+            return " (" + ", ".join(str(g) if isinstance(g, (str, int)) else str(g["name"]) for g in names) + ")"
+    return ""
+
+
 def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
     eto, dev = rep["eto"], cfg.eto.dev_split
     out = [f"# ETO demo report: run `{cfg.run_name}`", "",
-           f"Environment `{cfg.env.name}` ({', '.join(g['name'] for g in cfg.env.games)}), model `{cfg.model.name}`, "
+           f"Environment `{cfg.env.name}`{env_scope(cfg.env)}, model `{cfg.model.name}`, "
            f"seed {cfg.seed}. Success rates with Wilson 95% intervals; differences are paired on the same seeds "
            f"(bootstrap 95% interval over tasks, exact McNemar p).", "",
            f"## Success against ETO iteration ({dev} split, model selection)", "",
