@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import hydra
 from omegaconf import OmegaConf
@@ -136,7 +136,9 @@ class RealTrain(_Part):
     bc_steps: int = Count
     dpo_pairs: int = Count
     dpo_steps: int = Count
-    dtypes: list[Literal["float32", "bfloat16"]] = Field(default=["float32"], min_length=1)  # bfloat16: bf16 autocast
+    dtypes: list[Literal["float32", "bfloat16"]] = Field(min_length=1)  # bfloat16: bf16 autocast
+    bc: dict[str, Any]   # bc keys over the run's (TRL's names)
+    dpo: dict[str, Any]  # eto.dpo keys over the run's
 
 
 class RealBench(_Part):
