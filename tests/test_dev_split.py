@@ -265,7 +265,7 @@ def test_without_early_stopping_a_dev_split_is_evaluated_but_selects_nothing(fak
 def test_an_iteration_without_dev_split_evaluates_nothing(monkeypatch, tmp_path):
     cfg = compose([f"paths.runs={tmp_path}", "eto=paper"])
     monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, out: ([], []))
-    monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, explored, cont, out: [])
+    monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, explored, cont, out: ["a pair"])
     monkeypatch.setattr(eto.dpo, "run", lambda cfg, k, policy, pairs, out: eto.dpo.DPOResult("new-policy", {}, {}))
 
     def no_eval(*a, **k):
@@ -275,6 +275,21 @@ def test_an_iteration_without_dev_split_evaluates_nothing(monkeypatch, tmp_path)
     summary = eto.run_iteration(cfg, 1, "old-policy")
     assert summary["dev"] is None and summary["dev_split"] is None and summary["policy"] == "new-policy"
     assert json.loads((layout.RunLayout.of(cfg).iteration(1) / layout.SUMMARY).read_text())["dev"] is None
+
+
+def test_an_iteration_without_a_pair_stops_before_dpo(monkeypatch, tmp_path):
+    """ETO and compare share explore -> pairs -> DPO (eto.explore_pair_train); no pair means no DPO there, and an
+    ETO iteration then stops naming the pairs' stats (compare keeps the arm at BC instead)."""
+    cfg = compose([f"paths.runs={tmp_path}", "eto=paper"])
+    monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, out: ([], []))
+    monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, explored, cont, out: [])
+
+    def no_dpo(*a, **k):
+        raise AssertionError("DPO trained on no pairs")
+
+    monkeypatch.setattr(eto.dpo, "run", no_dpo)
+    with pytest.raises(ValueError, match=r"iteration 1: no pairs to train on \(see .*iter1/pairs/stats.json\)"):
+        eto.run_iteration(cfg, 1, "old-policy")
 
 
 # -- the checks before any work -----------------------------------------------------------------
