@@ -119,37 +119,3 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
     finally:
         kvbatch._forward.cache = None
     assert torch.allclose(got, expected, atol=1e-6) and torch.allclose(plain, expected, atol=1e-6)
-
-
-@torch.inference_mode()  # as KVBatch.step runs them
-def test_rows_prefilled_together_equal_rows_prefilled_one_by_one(tiny_model_dir):
-    """_prefill_rows feeds several rows' new tokens (of different lengths, at different cache lengths) in one
-    right-padded forward: each row's last logits and its cache equal feeding it alone; the padding and a row
-    left out land past their ends. A chunk far longer than the rest is fed alone."""
-    tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir), dtype="float32")
-    g = torch.Generator().manual_seed(1)
-    history = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (7, 3, 11, 5)]
-
-    def chunk(n):
-        return torch.randint(5, 100, (n,), generator=g).tolist()
-
-    def batch():
-        b = KVBatch(model, tok, max_new_tokens=4, budget=512)
-        for i, h in enumerate(history):
-            b.add_row()
-            b._prefill(i, h)
-        return b
-
-    for new, batches, lengths in (({0: chunk(4), 1: chunk(6), 2: chunk(5), 3: chunk(3)}, 1, [11, 9, 16, 8]),
-                                  ({0: chunk(1), 1: chunk(40), 2: chunk(1), 3: chunk(1)}, 1, [8, 43, 12, 6])):
-        alone, together = batch(), batch()
-        want = {r: alone._prefill(r, c) for r, c in new.items()}
-        got = together._prefill_rows(new)  # the second: row 1's 40 tokens alone, the three others together
-        assert together.stats.get("prefill_batches") == batches and "prefill_batches" not in alone.stats
-        for r in new:
-            assert torch.allclose(got[r], want[r], atol=1e-5), r
-        assert together.length == alone.length == lengths
-        for layer in range(len(alone.cache.k)):
-            for s, n in enumerate(alone.length):
-                assert torch.allclose(together.cache.k[layer][s, :, :n], alone.cache.k[layer][s, :, :n], atol=1e-5)
-                assert torch.allclose(together.cache.v[layer][s, :, :n], alone.cache.v[layer][s, :, :n], atol=1e-5)

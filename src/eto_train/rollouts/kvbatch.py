@@ -273,11 +273,9 @@ class KVBatch:
         self.held[i] = None
 
     # -- forward --------------------------------------------------------------------------------
-    def _run(self, start: int, ids: torch.Tensor, positions: torch.Tensor, span: int,
-             keep: torch.Tensor | None = None) -> torch.Tensor:
+    def _run(self, start: int, ids: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
         """One forward of rows ``start..start+len(ids)-1`` (slots) on ``ids`` at ``positions``
-        (both ``[rows, width]``); keys up to ``span``. Returns the last position's logits per row
-        (``[rows, vocab]``), or with ``keep`` (column indices) those columns' (``[rows, len(keep), vocab]``)."""
+        (both ``[rows, width]``); keys up to ``span``. Returns the last position's logits per row."""
         c = self.cache
         c.start, c.positions, c.span = start, positions.to(self.device), span
         keys = torch.arange(span, device=self.device)
@@ -291,13 +289,12 @@ class KVBatch:
             _forward.cache = c
         try:
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
-                             use_cache=True, logits_to_keep=1 if keep is None else keep.to(self.device),
-                             **{self._cache_kw: c})
+                             use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
         finally:
             config._attn_implementation_internal = own
             _forward.cache = None
         self.computed_tokens += ids.numel()
-        return out.logits[:, -1, :].float() if keep is None else out.logits.float()
+        return out.logits[:, -1, :].float()
 
     def _prefill(self, row: int, chunk: list[int]) -> torch.Tensor:
         """Feed ``chunk`` to ``row`` alone (its slot is a view; no padding); its last logits."""
@@ -311,49 +308,6 @@ class KVBatch:
         self.stats["prefill_tokens"] += len(chunk)
         self.stats["prefill_s"] += time.perf_counter() - t0
         return logits[0]
-
-    def _prefill_rows(self, chunks: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """Feed each row of ``chunks`` its tokens in one forward (row -> its last logits). The forward
-        covers the slots from the first to the last of these rows, each right-padded to the longest
-        chunk: padding and the other rows' pad tokens land past each row's end, where the mask hides
-        them and later tokens overwrite them (as a finished row's token in :meth:`_decode`). One
-        forward of 32 observations runs the matmuls on 32x the rows of one: at a real model's size the
-        row-by-row prefill spent most of a short game's rollout in per-call overhead and small matmuls.
-        A chunk far longer than the rest is fed alone (padding every row to it would cost more)."""
-        out: dict[int, torch.Tensor] = {}
-        rows = sorted(chunks, key=lambda r: len(chunks[r]))
-        while len(rows) > 1:
-            slots = [self.slot[r] for r in rows]
-            width = len(chunks[rows[-1]])
-            if (max(slots) - min(slots) + 1) * width <= 2 * sum(len(chunks[r]) for r in rows):
-                break
-            r = rows.pop()
-            out[r] = self._prefill(r, chunks[r])
-        if len(rows) == 1:
-            out[rows[0]] = self._prefill(rows[0], chunks[rows[0]])
-        if len(rows) <= 1:
-            return out
-        t0 = time.perf_counter()
-        start = min(self.slot[r] for r in rows)
-        n = max(self.slot[r] for r in rows) - start + 1
-        width = max(len(chunks[r]) for r in rows)
-        ids = torch.full((n, width), self.pad, dtype=torch.long)
-        base = torch.tensor(self.length[start:start + n])
-        pos = base[:, None] + torch.arange(width)[None]
-        for r in rows:
-            ids[self.slot[r] - start, :len(chunks[r])] = torch.tensor(chunks[r])
-        span = int(base.max()) + width
-        self.cache.reserve(len(self.slot), span + self.max_new)
-        cols = sorted({len(chunks[r]) - 1 for r in rows})
-        logits = self._run(start, ids, pos, span, keep=torch.tensor(cols))
-        for r in rows:
-            s = self.slot[r]
-            out[r] = logits[s - start, cols.index(len(chunks[r]) - 1)]
-            self.length[s] += len(chunks[r])
-        self.stats["prefill_tokens"] += sum(len(chunks[r]) for r in rows)
-        self.stats["prefill_s"] += time.perf_counter() - t0
-        self.stats["prefill_batches"] = self.stats.get("prefill_batches", 0) + 1
-        return out
 
     def _decode(self, tokens: list[int], live: list[bool]) -> torch.Tensor:
         """Feed one token per row (all rows, in slot order); only ``live`` rows' lengths advance
@@ -395,9 +349,7 @@ class KVBatch:
         other rows may still decode (the rollout steps that row's environment meanwhile)."""
         assert len(convs) == len(self.slot), "one conversation per row"
         n = len(convs)
-        first: dict[int, torch.Tensor] = {}
-        later: dict[int, list[int]] = {}  # rows whose new tokens are fed together after the loop
-        dropped, prompt_tokens = [], []
+        first, dropped, prompt_tokens = [], [], []
         for i, conv in enumerate(convs):
             # The prompt exactly as HF generate on the whole conversation would get it; the row's
             # cache is kept when its tokens are a prefix of it. They are not when the template
@@ -421,24 +373,21 @@ class KVBatch:
                         self.length[self.slot[i]] = m
                         self.prefixes.shared_tokens += m
                         new = ids[m:]
+            logits = self._prefill(i, new)
             if self.prefixes is not None and 2 * len(new) > len(ids):  # little shared: a prefix for later rows
-                first[i] = self._prefill(i, new)  # now, alone: the next rows may take it
                 kv = self.cache.read(self.slot[i], len(ids))
                 self.prefixes.add(ids, kv)
                 if self.shared_ids is None:  # the play's first prompt: its shared prefix
                     self.shared_ids, self.cache.shared_kv = list(ids), kv
-            else:
-                later[i] = new
             if fresh and self.shared_ids is not None:  # what the slot holds of the play's shared prefix
                 self.shares[self.slot[i]] = PrefixStore._common(ids, self.shared_ids)
             self.held[i] = list(ids) if d == 0 else None  # a cut prompt cannot be extended later
+            first.append(logits)
             dropped.append(d)
             prompt_tokens.append(len(ids))
-        if later:
-            first.update(self._prefill_rows(later))
         out: list[list[int]] = [[] for _ in range(n)]
         done = [False] * n
-        nxt = self._pick(torch.stack([first[i] for i in range(n)])).tolist()
+        nxt = self._pick(torch.stack(first)).tolist()
         while True:
             for i in range(n):
                 if done[i]:
