@@ -284,7 +284,7 @@ def training(real, out: Path, peak: dict) -> dict:
     for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
         bf16 = {"bf16": dtype == "bfloat16"}
         bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", "logging_steps": 1,
-              "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.get("bc", {})}
+              "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.bc}
         trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                                sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
         r = trainer.train()
@@ -294,7 +294,7 @@ def training(real, out: Path, peak: dict) -> dict:
                                      steps=r.global_step, losses=_losses(trainer))
         d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", "logging_steps": 1,
              "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
-             **bf16, **t.get("dpo", {})}
+             **bf16, **t.dpo}
         d.pop("later", None)
         t0 = time.perf_counter()
         tr = make_dpo_trainer(load_model(path), None, tok, Dataset.from_list(pairs),

@@ -7,9 +7,8 @@ import json
 import pytest
 
 from eto_train.credit import credit_of, episode_rates, rates
-from eto_train.records import loop_marks, step_credit
 from eto_train.evaluation import behaviour, has_loop, summarize
-from eto_train.records import Episode, PolicyRef, Step
+from eto_train.records import Episode, PolicyRef, Step, loop_marks, step_credit
 from eto_train.store import append_episodes, read_episodes
 
 
