@@ -43,6 +43,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
+from .contrasts import CONTRASTS, contrast_kind
 from .errors import ConfigError
 from .prompting import OPENINGS, PromptConfig
 from .records import STATUSES
@@ -50,7 +51,6 @@ from .trl_names import dpo_loss_types, save_strategies, scheduler_types, trainer
 
 __all__ = ["Config", "ConfigError", "EnvSection", "RolloutSection", "Section", "load", "typed"]
 
-CONTRASTS = ("trajectory", "step", "mixture", "step_value", "anchor")  # eto.pairs.contrast, compare.variants
 CHOSEN = ("expert", "self", "both")
 EXPERT_REWARDS = ("file", "authors")  # eto.pairs.expert_reward (pairs.expert_reward_of)
 EXPORT_FORMATS = ("eto", "messages", "episodes", "eto_eval", "agenttraj")  # export.format (export.py)
@@ -630,7 +630,7 @@ class ETOSection(Section):
         extra rollouts, no expert side; ``chosen`` reads as for every contrast: expert|both build
         the contrast's pairs, self|both the whole-episode self pairs). A do_sample left to
         rollout.generation is checked in Config._across, where both are seen."""
-        if self.pairs.contrast != "anchor":
+        if not contrast_kind(self.pairs.contrast).sampled_states:
             return self
         bad, why = [], "with eto.pairs.contrast=anchor (anchor states are the states several samples of a task share"
         if self.explore.samples < 2:
@@ -969,7 +969,7 @@ class Config(Section):
             bad.append(("eto.dev_split", f"= is one of eval.splits={render(tests)}: model selection must not look at "
                                          "a test split (use a dev split held out of training, env.dev_holdout)"))
         gen = self.eto.explore.rollout.generation  # over rollout.generation, as RolloutSection.merged
-        if self.eto.pairs.contrast == "anchor" and "do_sample" not in gen.model_fields_set \
+        if contrast_kind(self.eto.pairs.contrast).sampled_states and "do_sample" not in gen.model_fields_set \
                 and not self.rollout.generation.do_sample:
             bad.append(("rollout.generation.do_sample", "= (eto.explore.rollout.generation.do_sample unset): true in "
                                                         "either with eto.pairs.contrast=anchor (anchor states are the "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ... import layout
 from ...config import RolloutSection, typed
+from ...contrasts import contrast_kind
 from ...experts import read_experts, usable
 from ...model.load import policy_ref
 from ...pairs import value_sides, value_states
@@ -50,7 +51,7 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
     setup_runtime(cfg.runtime.rollout_threads)
     ex = cfg.eto.explore
     # step values sample: a temperature of 0 is refused here, before the exploration, not after it
-    sampled = value_settings(cfg) if cfg.eto.pairs.contrast == "step_value" else None
+    sampled = value_settings(cfg) if contrast_kind(cfg.eto.pairs.contrast).values else None
     ref = policy_ref(policy_path, name=f"iter{iteration - 1}" if iteration > 1 else "bc")
     rollouts = Rollouts(cfg, policy_path, ref, cfg.rollout.merged(ex.rollout))
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
@@ -60,11 +61,12 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                              extra_config={"explore": ex.plain()}, share=share)
     continuations: list[Episode] = []
     pc = cfg.eto.pairs
+    kind = contrast_kind(pc.contrast)
     ids, by_id = {t.task_id for t in tasks}, {t.task_id: t for t in tasks}
-    if pc.contrast in ("step", "mixture", "step_value"):
+    if kind.expert_states:
         experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name)
                    if e.task_id in ids and usable(e)}
-    if pc.contrast in ("step", "mixture", "step_value") and pc.step_positions != "first_divergence":
+    if kind.expert_states and pc.step_positions != "first_divergence":
         rng = random.Random(cfg.seed + iteration)
         prefix_work = [WorkItem(by_id[tid], 0, tuple(s.action for s in e.steps[:t]))
                        for tid, e in sorted(experts.items())
@@ -74,7 +76,7 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
                                       extra_config={"explore": ex.plain(), "positions": pc.step_positions},
                                       share=share)
     rollouts.close()  # DPO comes next: free the GPU the engine held
-    if pc.contrast == "step_value":
+    if kind.values:
         continuations = continuations + play_values(cfg, iteration, policy_path, ref, sampled, by_id, experts,
                                                     episodes, continuations, out, share)
     return episodes, continuations

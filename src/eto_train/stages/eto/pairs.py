@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ...config import Pairs, typed
+from ...contrasts import contrast_kind
 from ...experts import read_experts, usable
 from ...pairs import step_value_pair, value_parent, value_scores, value_sides, value_states
 from ...pairs import Pair, anchor_pairs, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
@@ -28,28 +29,29 @@ def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
     by_task: dict[str, list[Episode]] = defaultdict(list)
     for e in explored:
         by_task[e.task_id].append(e)
+    kind = contrast_kind(pc.contrast)
     traj, step, own, anchor = [], [], [], []
     if pc.chosen in ("expert", "both"):  # the contrast's pairs (anchor: the policy's own, no expert side)
-        if pc.contrast == "anchor":  # actions where several samples of a task share the whole history
+        if kind.anchor:  # actions where several samples of a task share the whole history
             for tid, eps in sorted(by_task.items()):
                 anchor += anchor_pairs(eps)
         for tid, eps in sorted(by_task.items()):
             if tid not in experts:
                 continue
             for e in eps:
-                if pc.contrast in ("trajectory", "mixture"):
+                if kind.trajectory:
                     if (p := trajectory_pair(experts[tid], e, pc.extra_turns, pc.rejected_cut)) is not None:
                         traj.append(p)
-                if pc.contrast in ("step", "mixture") and pc.step_positions == "first_divergence":
+                if kind.step and pc.step_positions == "first_divergence":
                     t = first_divergence(experts[tid], e)
                     if t is not None and (p := step_pair(experts[tid], e, t)) is not None:
                         step.append(p)
-        for c in continuations if pc.contrast in ("step", "mixture") else ():
+        for c in continuations if kind.step else ():
             t = c.env_params.get("expert_prefix", 0)
             if c.task_id in experts and not value_parent(c) and (p := step_pair(experts[c.task_id], c, t)) is not None:
                 step.append(p)
     value, vstats = [], {}
-    if pc.contrast == "step_value":  # expert-side pairs (none with chosen=self); their rollouts counted either way
+    if kind.values:  # expert-side pairs (none with chosen=self); their rollouts counted either way
         value, vstats = step_value_pairs(pc, recorded, explored, continuations)
         value = value if pc.chosen in ("expert", "both") else []
     if pc.chosen in ("self", "both"):
@@ -57,7 +59,7 @@ def build_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Episode],
             ranked = sorted((e for e in eps if e.status not in NOT_POLICY_FAULT), key=lambda e: (e.final_score, -e.num_steps, e.episode_id))
             if len(ranked) >= 2 and (p := self_pair(ranked[-1], ranked[0], pc.extra_turns)) is not None:
                 own.append(p)
-    if pc.contrast == "mixture" and traj and step:
+    if kind.mixed and traj and step:
         # keep the step share at mixture_step_fraction of the union (deterministic subsample)
         f = pc.mixture_step_fraction
         want_step = min(len(step), round(f / (1 - f) * len(traj))) if f < 1 else len(step)
