@@ -37,7 +37,8 @@ def run(cfg) -> dict | None:
     if stage.done():
         return None
 
-    def job() -> recipe.Job:  # check, then touch: the expert trajectories are read whole first
+    with recipe.held(stage):  # cleanup: the stage's lock is released whatever happens
+        # -- setup: the expert trajectories read whole and checked before anything is written
         episodes = read_experts(cfg.paths.experts, cfg.env.name)
         if cfg.bc.only_success and not any(ep.steps and usable(ep) for ep in episodes):
             lost = [e.task_id for e in episodes if not usable(e)]
@@ -48,14 +49,13 @@ def run(cfg) -> dict | None:
                 f"and success flag), or set bc.only_success=false to clone them anyway")
         convs = sft_conversations(episodes, only_success=cfg.bc.only_success)
         args = sft_arguments(cfg.bc, layout.checkpoints(stage.work), cfg.seed)
-        return recipe.SFTJob("bc", cfg.model.path, convs, args, to_plain(cfg.model), cfg.trust_remote_code)
-
-    def metrics(t: recipe.Trained) -> dict:
+        job = recipe.SFTJob("bc", cfg.model.path, convs, args, to_plain(cfg.model), cfg.trust_remote_code)
+        # -- train and save: a killed run resumes from its last checkpoint; the policy in bc/model
+        t = recipe.train(job, stage.work, begin=stage.begin, console=console)
+        # -- the manifest with the run's metrics
         tokens, epochs = t.tokens_per_epoch(), t.result.metrics.get("epoch", cfg.bc.num_train_epochs)
-        return {"epochs": epochs, "trajectories": t.rows, "tokens_per_epoch": tokens,
-                "tokens_per_second": tokens * epochs / t.result.metrics["train_runtime"]}
-
-    m = recipe.run_stage(stage, job, metrics, console).metrics
+        m = recipe.finish(stage, t, {"epochs": epochs, "trajectories": t.rows, "tokens_per_epoch": tokens,
+                                     "tokens_per_second": tokens * epochs / t.result.metrics["train_runtime"]})
     if m:
         console.print(f"[bc] loss {m['train_loss']:.4f} after {m['optimizer_steps']} steps, "
                       f"{m['tokens_per_second']:.0f} tokens/s -> {layout.policy(out)}")

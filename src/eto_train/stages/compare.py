@@ -88,26 +88,25 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResul
     if stage.done():
         return str(layout.policy(out))
     eb = train["effective_batch"]
-
-    def metrics(t: recipe.Trained) -> dict:
-        m = {"effective_batch": t.effective_batch, "examples": t.examples,
-             "per_device_batch": t.trainer.args.per_device_train_batch_size,
-             "grad_accum": t.trainer.args.gradient_accumulation_steps, "control_of": variant_dir.name,
-             "dpo_optimizer_steps": steps, "dpo_effective_batch": eb, "dpo_examples": eb * steps,
-             "conversations": t.rows, "lora": bool(cfg.model.lora),
-             "trainable_parameters": t.trainable_parameters}
-        if (t.optimizer_steps, t.examples) != (steps, eb * steps):
-            console.print(f"[{stage.name}] WARNING: {t.optimizer_steps} steps of {t.effective_batch} "
-                          f"examples, but the {variant_dir.name} DPO took {steps} steps of {eb}")
-        return m
-
-    def job() -> recipe.Job:
+    with recipe.held(stage):  # cleanup: the stage's lock is released whatever happens
+        # -- setup
         from ..training.sft import sft_arguments
 
         args = sft_arguments(BCSection.model_validate(train), layout.checkpoints(stage.work), cfg.seed)
-        return recipe.SFTJob(stage.name, policy_path, chosen, args, to_plain(cfg.model), cfg.trust_remote_code)
-
-    trained = recipe.run_stage(stage, job, metrics, console)
+        job = recipe.SFTJob(stage.name, policy_path, chosen, args, to_plain(cfg.model), cfg.trust_remote_code)
+        # -- train and save: a killed run resumes from its last checkpoint
+        t = recipe.train(job, stage.work, begin=stage.begin, console=console)
+        # -- the manifest with the run's metrics
+        if (t.optimizer_steps, t.examples) != (steps, eb * steps) and is_main():
+            console.print(f"[{stage.name}] WARNING: {t.optimizer_steps} steps of {t.effective_batch} "
+                          f"examples, but the {variant_dir.name} DPO took {steps} steps of {eb}")
+        recipe.finish(stage, t, {
+            "effective_batch": t.effective_batch, "examples": t.examples,
+            "per_device_batch": t.trainer.args.per_device_train_batch_size,
+            "grad_accum": t.trainer.args.gradient_accumulation_steps, "control_of": variant_dir.name,
+            "dpo_optimizer_steps": steps, "dpo_effective_batch": eb, "dpo_examples": eb * steps,
+            "conversations": t.rows, "lora": bool(cfg.model.lora), "trainable_parameters": t.trainable_parameters})
+    trained = t
     if trained.metrics:
         console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {len(chosen)} chosen sides: "
                       f"{trained.optimizer_steps} steps x {trained.effective_batch} examples "

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from .. import layout, tracking
 from ..config import typed
+from ..distributed import is_main
 from ..manifest import Stage
 from ..runtime import setup_runtime, to_plain
 from ..store import write_json
@@ -139,10 +140,8 @@ def run(cfg, command: str | None = None) -> None:
     if stage.done():
         return
 
-    built: dict[str, Any] = {}  # what job() made, for finish_base
-
-    def job() -> PretrainJob:
-        """Check, then touch: tokenizer, model, packed blocks and probes before anything is written."""
+    with recipe.held(stage):  # cleanup: the stage's lock is released whatever happens
+        # -- setup: tokenizer, model, packed blocks and probes made and checked before anything is written
         from transformers import AutoTokenizer
 
         tokens = out / layout.TOKENS
@@ -158,53 +157,53 @@ def run(cfg, command: str | None = None) -> None:
         pr = cfg.pretrain.probes
         probes = build_probes(held, lambda msgs: render(tokenizer, msgs), pr.room_games, pr.object_games,
                               pr.max_per_probe)
-        built.update(probes=probes, parameters=sum(p.numel() for p in model.parameters()), vocab=vocab)
-        console.print(f"[pretrain] Llama {built['parameters'] / 1e6:.2f}M parameters, vocabulary {vocab}; "
+        parameters = sum(p.numel() for p in model.parameters())
+        console.print(f"[pretrain] Llama {parameters / 1e6:.2f}M parameters, vocabulary {vocab}; "
                       f"{len(blocks):,} blocks of {seq_len} tokens; {steps_of(len(blocks), train):,} steps x "
                       f"{tokens_per_step:,} tokens; {len(probes)} probes")
         callbacks = make_callbacks(tokenizer=tokenizer, probes=probes, heldout=heldout, probe_cfg=probe_cfg,
                                    max_context=seq_len, tokens_per_step=tokens_per_step,
                                    progress_path=Path(stage.work) / layout.PROGRESS, console=console)
         args = training_args(str(layout.checkpoints(stage.work)), train, cfg.seed, tracking.report_to())
-        return PretrainJob("pretrain", str(tokens / layout.TOKENIZER), blocks, args, {"dtype": "float32"},
-                           built_tokenizer=tokenizer, built_model=model, callbacks=[callbacks])
-
-    def finish_base(trained) -> dict[str, Any]:
-        """The base's card, loss curve and probes beside it (written before the manifest commits
-        them), and the stage's metrics."""
-        work, result, ckpt = Path(stage.work), trained.result, trained.resumed_from
-        model_dir, history = layout.policy(work), trained.trainer.state.log_history
-        plot_loss(history, model_dir / layout.LOSS_PLOT)
+        job = PretrainJob("pretrain", str(tokens / layout.TOKENIZER), blocks, args, {"dtype": "float32"},
+                          built_tokenizer=tokenizer, built_model=model, callbacks=[callbacks])
+        # -- train and save: a killed run resumes from its last checkpoint
+        trained = recipe.train(job, stage.work, begin=stage.begin, console=console)
+        # -- the base's card, loss curve and probes beside it (before the manifest commits them), then the manifest
+        result, ckpt = trained.result, trained.resumed_from
+        model_dir, history = layout.policy(Path(stage.work)), trained.trainer.state.log_history
         probe_rows = [e for e in history if f"{PROBE}seconds" in e]
-        write_json(work / layout.PROBES, {"history": probe_rows, "probes": probes_to_rows(built["probes"])})
         losses = [e["loss"] for e in history if "loss" in e]
         resumed_at = int(Path(ckpt).name.split("-")[1]) if ckpt else None
         done_steps = result.global_step - (resumed_at or 0)  # this session's
         probe_seconds = sum(e[f"{PROBE}seconds"] for e in probe_rows if e["step"] > (resumed_at if ckpt else -1))
         train_seconds = result.metrics["train_runtime"]
         tps = done_steps * tokens_per_step / max(1e-9, train_seconds - probe_seconds) if done_steps else 0.0
-        info = {
-            "name": Path(out).parent.name + "/pretrain", "command": command, "parameters": built["parameters"],
-            "arch": arch, "vocab_size": built["vocab"], "seq_len": seq_len, "data": data_manifest["summary"],
-            "settings": data_manifest["settings"], "seeds": data_manifest["config"]["seeds"],
-            "tokens": {"train": tokens_manifest["metrics"]["train_tokens"],
-                       "heldout": tokens_manifest["metrics"]["heldout_tokens"]},
-            "train": train, "steps": result.global_step, "tokens_seen": result.global_step * tokens_per_step,
-            "seconds": {"data": data_manifest["seconds"], "tokens": tokens_manifest["seconds"], "train": train_seconds,
-                        "probes": probe_seconds, "total": time.time() - t_start},
-            "tokens_per_second": tps, "final_loss": losses[-1] if losses else None, "log_history": history,
-            "threads": _threads(), "resumed_from": Path(ckpt).name if ckpt else None, "loss_png": layout.LOSS_PLOT,
-            "model_dir": str(layout.policy(out)),
-            "sha256": {name: _sha256sum(model_dir / name) for name in ("model.safetensors", "tokenizer.json")},
-        }
-        write_card(model_dir / layout.MODEL_CARD, info)
-        return {"parameters": built["parameters"], "vocab_size": built["vocab"], "optimizer_steps": result.global_step,
-                "tokens_seen": info["tokens_seen"], "train_tokens": info["tokens"]["train"],
-                "final_train_loss": info["final_loss"], "mean_train_loss": result.training_loss,
-                "train_seconds": round(train_seconds, 2), "probe_seconds": round(probe_seconds, 2),
-                "tokens_per_second": round(tps, 1), "probes": probe_rows, "final_probes": probe_rows[-1] if probe_rows else {}}
-
-    m = recipe.run_stage(stage, job, finish_base, console, command=command).metrics
+        if is_main():
+            plot_loss(history, model_dir / layout.LOSS_PLOT)
+            write_json(Path(stage.work) / layout.PROBES, {"history": probe_rows, "probes": probes_to_rows(probes)})
+            write_card(model_dir / layout.MODEL_CARD, {
+                "name": Path(out).parent.name + "/pretrain", "command": command, "parameters": parameters,
+                "arch": arch, "vocab_size": vocab, "seq_len": seq_len, "data": data_manifest["summary"],
+                "settings": data_manifest["settings"], "seeds": data_manifest["config"]["seeds"],
+                "tokens": {"train": tokens_manifest["metrics"]["train_tokens"],
+                           "heldout": tokens_manifest["metrics"]["heldout_tokens"]},
+                "train": train, "steps": result.global_step, "tokens_seen": result.global_step * tokens_per_step,
+                "seconds": {"data": data_manifest["seconds"], "tokens": tokens_manifest["seconds"],
+                            "train": train_seconds, "probes": probe_seconds, "total": time.time() - t_start},
+                "tokens_per_second": tps, "final_loss": losses[-1] if losses else None, "log_history": history,
+                "threads": _threads(), "resumed_from": Path(ckpt).name if ckpt else None,
+                "loss_png": layout.LOSS_PLOT, "model_dir": str(layout.policy(out)),
+                "sha256": {name: _sha256sum(model_dir / name) for name in ("model.safetensors", "tokenizer.json")}})
+        m = recipe.finish(stage, trained, {
+            "parameters": parameters, "vocab_size": vocab, "optimizer_steps": result.global_step,
+            "tokens_seen": result.global_step * tokens_per_step, "train_tokens": tokens_manifest["metrics"]["train_tokens"],
+            "final_train_loss": losses[-1] if losses else None, "mean_train_loss": result.training_loss,
+            "train_seconds": round(train_seconds, 2), "probe_seconds": round(probe_seconds, 2),
+            "tokens_per_second": round(tps, 1), "probes": probe_rows, "final_probes": probe_rows[-1] if probe_rows else {}},
+            command=command)
+    if not m:
+        return
     loss = m["final_train_loss"]
     console.print(f"[pretrain] {m['optimizer_steps']} steps, final loss {loss if loss is not None else float('nan'):.4f}, "
                   f"{m['tokens_per_second']:,.0f} tokens/s -> {layout.policy(out)} (MODEL_CARD.md)")

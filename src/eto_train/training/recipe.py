@@ -9,8 +9,11 @@ torchtune's recipe shape, over TRL's trainers (which do the training itself):
 - **train**: a killed run resumes from its last complete checkpoint (weights, optimizer, scheduler,
   RNG); a non-finite loss or weight stops the stage; the tests' kill points hook in here;
 - **save**: one plain checkpoint (adapters merged, shards gathered), checked to load and be finite;
-- **cleanup**: the stage's manifest with the run's metrics (main process; the others wait for it),
-  and the stage's lock released whatever happens.
+- **cleanup**: the stage's manifest with the run's metrics (:func:`finish`: main process; the others
+  wait for it), and the stage's lock released whatever happens (:func:`held`).
+
+Each stage file reads in that order, top to bottom: ``if stage.done(): return``; ``with held(stage):``
+setup (its inputs read and checked into a :class:`Job`), :func:`train` (which saves), :func:`finish`.
 
 What differs between the stages is data only: SFT on chat conversations (:mod:`.sft`, the
 assistant-token mask), DPO on prompt/chosen/rejected pairs (:mod:`.dpo`, the action mask,
@@ -232,28 +235,32 @@ def _disk_full_named(folder: str | Path):
         raise full from exc
 
 
-def run_stage(stage, prepare: Callable[[], Job], metrics: Callable[[Trained], dict[str, Any]],
-              console=None, **record: Any) -> Trained:
-    """A training stage after its ``stage.done()`` said there is work: ``prepare()`` reads and
-    checks the inputs into a :class:`Job`, :func:`train` runs it in ``stage.work`` with
-    ``stage.begin`` as the first write, then (cleanup) the main process finishes the stage with
-    the run's metrics (``train_loss``, ``optimizer_steps``, ``train_seconds``, ``resumed_from``
-    after a resume, and ``metrics(trained)``; ``record``: more manifest fields); the other
-    processes wait for that manifest. The stage's lock is released whatever happens; a finished
-    stage stays in place while a rerun trains aside (see :class:`eto_train.manifest.Stage`)."""
+@contextmanager
+def held(stage):
+    """Cleanup, as a context around a training stage's work once ``stage.done()`` said there is some:
+    the stage's lock is released whatever happens (an error: the next run, of this or another
+    process, may take the stage; a finished stage has released it already). A finished stage stays
+    in place while a rerun trains aside (see :class:`eto_train.manifest.Stage`)."""
+    try:
+        yield stage
+    finally:
+        stage.release()
+
+
+def finish(stage, trained: Trained, metrics: dict[str, Any], **record: Any) -> dict[str, Any]:
+    """Write the stage's manifest with the run's metrics: ``train_loss``, ``optimizer_steps``,
+    ``train_seconds``, ``resumed_from`` after a resume, then the stage's own ``metrics``
+    (``record``: more manifest fields). The main process writes it; under ``accelerate launch`` the
+    others wait for it and get ``{}``. Returns the metrics written (also in ``trained.metrics``)."""
     from ..runtime import config_hash
 
-    try:
-        trained = train(prepare(), stage.work, begin=stage.begin, console=console)
-        if not is_main():  # under accelerate: the main process writes the manifest once the model is saved
-            wait_for_manifest(stage.manifest_path, config_hash(stage.config))
-            return trained
-        r = trained.result
-        trained.metrics = {"train_loss": r.training_loss, "optimizer_steps": r.global_step,
-                           "train_seconds": r.metrics["train_runtime"], **metrics(trained)}
-        if trained.resumed_from:  # then train_loss and train_seconds cover the steps after the resume
-            trained.metrics["resumed_from"] = Path(trained.resumed_from).name
-        stage.finish(trained.metrics, output=str(layout.policy(stage.dir)), **record)
-        return trained
-    finally:
-        stage.release()  # an error: the next run (of this or another process) may take the stage
+    if not is_main():  # the main process writes the manifest once the model is saved
+        wait_for_manifest(stage.manifest_path, config_hash(stage.config))
+        return {}
+    r = trained.result
+    trained.metrics = {"train_loss": r.training_loss, "optimizer_steps": r.global_step,
+                       "train_seconds": r.metrics["train_runtime"], **metrics}
+    if trained.resumed_from:  # then train_loss and train_seconds cover the steps after the resume
+        trained.metrics["resumed_from"] = Path(trained.resumed_from).name
+    stage.finish(trained.metrics, output=str(layout.policy(stage.dir)), **record)
+    return trained.metrics

@@ -69,7 +69,8 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
         result.metrics = stage.metrics
         return result
 
-    def job() -> recipe.Job:  # check, then touch: pairs and their explorer before anything is written
+    with recipe.held(stage):  # cleanup: the stage's lock is released whatever happens
+        # -- setup: the pairs and their explorer checked before anything is written
         if not pairs:
             raise ValueError(f"iteration {iteration}: no pairs to train on (see {layout.pairs_stats(out)})")
         # pairs explored by another policy than this reference would make the DPO objective wrong
@@ -78,14 +79,13 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
         from ...training.dpo import dpo_arguments  # TRL: imported when a DPO trains
 
         args = dpo_arguments(section, layout.checkpoints(stage.work), cfg.seed)
-        return recipe.DPOJob(stage.name, policy_path, rows, args, to_plain(cfg.model), cfg.trust_remote_code)
-
-    def metrics(t: recipe.Trained) -> dict:
-        logs = t.loss_logs()
-        return {"pairs": t.rows, "first_log": logs[0] if logs else {},
-                "last_log": last_dpo_log(t.trainer.state.log_history)}
-
-    trained = recipe.run_stage(stage, job, metrics, console)
+        job = recipe.DPOJob(stage.name, policy_path, rows, args, to_plain(cfg.model), cfg.trust_remote_code)
+        # -- train and save: a killed run resumes from its last checkpoint; the policy in dpo/model
+        trained = recipe.train(job, stage.work, begin=stage.begin, console=console)
+        # -- the manifest with the run's metrics
+        logs = trained.loss_logs()
+        recipe.finish(stage, trained, {"pairs": trained.rows, "first_log": logs[0] if logs else {},
+                                       "last_log": last_dpo_log(trained.trainer.state.log_history)})
     if world_size() == 1:
         stage.publish(cached, [layout.POLICY])
     result.metrics = trained.metrics or stage.metrics
