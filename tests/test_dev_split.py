@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from eto_train import layout
 from eto_train.envs import Task, make_env
 from eto_train.envs.holdout import HoldoutEnv, check_dev_config, choose_holdout
-from eto_train.stages import eto
+from eto_train.stages.eto import loop as eto
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -13,7 +13,7 @@ variants, effective_batch a multiple of the batch size, a dev split never a test
 A cross-key rule is checked once the keys it relates are valid. What is not: anything that
 needs an environment, a model or the disk beyond ``experts.source`` and the pretraining seed
 layout (a split's tasks, data folders, checkpoints: the stages keep those, e.g.
-stages/eto.check_selection for the dev split's tasks).
+stages/eto/loop.check_selection for the dev split's tasks).
 
 The environment section's model is its adapter's ``Config`` (a subclass of :class:`EnvSection`,
 found by :func:`eto_train.envs.registry.config_model`). ``bc`` and ``eto.dpo`` are TRL's
