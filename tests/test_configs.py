@@ -7,6 +7,8 @@ accelerate files and the Makefile's launcher are checked for what they produce.
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 import warnings
@@ -284,3 +286,17 @@ def test_the_contrast_study_is_its_rule_and_the_demo_setting():
     assert arms["anchor"]["explore"]["samples"] == arms["on_policy"]["explore"]["samples"] == 4
     assert cfg.eto.pairs.value_rollouts == 4 and cfg.eto.pairs.value_margin == 0.1
     assert cfg.eto.dpo.beta == 0.1 and cfg.eto.dpo.learning_rate == 1e-5
+
+
+def test_the_base_study_again_is_the_first_one_with_three_dpo_epochs():
+    """experiment=contrast_study_e3 (issue 36's rule for the 1.7M base) differs from
+    experiment=contrast_study in its run folder and DPO's epochs only."""
+    from eto_train.config import load
+    from eto_train.runtime import to_plain
+
+    first, again = (to_plain(load(compose([f"experiment={name}"]))) for name in ("contrast_study", "contrast_study_e3"))
+    assert again["run_name"] == "contrast_study_e3" and again["eto"]["dpo"]["num_train_epochs"] == 3
+    assert first["eto"]["dpo"]["num_train_epochs"] == 1
+    again["eto"]["dpo"]["num_train_epochs"] = 1
+    # every path follows run_name
+    assert json.loads(json.dumps(again).replace("contrast_study_e3", "contrast_study")) == first
