@@ -287,3 +287,34 @@ def test_eto_with_seeds_runs_each_seed_in_its_folder_and_aggregates_the_kept_pol
     assert row["ci95"] == list(two_stage_bootstrap_ci([[1.0, 0.0, 0.0, 0.0], [-1.0, 0.0, 1.0, 1.0]], 500, 0)[1:])
     assert "## eto: seeds 3, 8" in (run / "seeds.md").read_text()
     assert "| eto | seen | s3 +25.0 pts, s8 +25.0 pts | +25.0 pts [" in (run / "seeds.md").read_text()
+
+
+def test_the_untuned_model_played_once_is_paired_with_every_seed_s_bc(tmp_path):
+    """compare's aggregate adds the untuned model (eto-train eval eval.tag=untuned, played once: greedy play of
+    the model before BC depends on no seed) as a row against each seed's BC, by hand: untuned wins g/0 only."""
+    from eto_train import layout
+    from eto_train.evaluation import successes
+    from eto_train.seeds import aggregate, markdown, seed_config
+    from eto_train.store import write_json
+
+    cfg = _compose([f"paths.runs={tmp_path}", "run_name=r", "seeds=[3,8]", "seed=3", "compare.bootstrap=500",
+                    "compare.splits=[seen]"])
+    configs = {k: seed_config(cfg, k) for k in (3, 8)}
+    untuned = {"g/0": True, "g/1": False, "g/2": False, "g/3": False}
+    _episodes(layout.episodes(layout.RunLayout.of(configs[3]).evaluation("untuned"), "seen"), untuned)  # seed 3's run
+    for k, kcfg in configs.items():
+        runs = layout.RunLayout.of(kcfg)
+        bc = layout.episodes(runs.evaluation("bc"), "seen")
+        _episodes(bc, ETO_OUTCOMES[k][0])
+        write_json(layout.compare_file(runs.compare, ".json"), {
+            "evaluations": {"bc": str(runs.evaluation("bc"))},
+            "splits": {"seen": {"bc": {"success": sum(successes(bc).values()) / 4}}}})
+    agg = aggregate("compare", configs, 500, 0)
+    row = agg["arms"]["untuned"]["seen"]["vs_bc"]
+    # seed 3: BC wins g/2, g/3 -> [+1, 0, -1, -1]; seed 8: BC wins g/0, g/1 -> [0, -1, 0, 0]
+    assert row["per_seed"]["3"]["diff"] == -0.25 and row["per_seed"]["8"]["diff"] == -0.25
+    assert row["mean"] == -0.25 and row["seeds"] == 2 and row["tasks"] == 8
+    assert row["ci95"] == list(two_stage_bootstrap_ci([[1.0, 0.0, -1.0, -1.0], [0.0, -1.0, 0.0, 0.0]], 500, 0)[1:])
+    assert agg["play"]["untuned"]["seen"]["3"]["success"] == agg["play"]["untuned"]["seen"]["8"]["success"] == 0.25
+    assert "same_as_bc" in agg["play"]["untuned"]["seen"]["8"]  # (these hand-built episodes have no steps)
+    assert "| untuned | seen | s3 -25.0 pts, s8 -25.0 pts | -25.0 pts [" in markdown({"compare": agg})

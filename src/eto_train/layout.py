@@ -37,6 +37,7 @@ from pathlib import Path
 # The checkout this package runs from (an editable install: src/eto_train/ -> the repository).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "configs"     # the Hydra config tree (cli.configs_dir: unless $ETO_TRAIN_CONFIGS)
+UNTUNED = "untuned"  # eval.tag of the model before BC (the paper's untuned rows): eto-train eval eval.tag=untuned
 
 
 def from_repo(path: str | Path, exists=Path.exists) -> Path:

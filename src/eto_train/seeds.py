@@ -29,12 +29,13 @@ from rich.console import Console
 from . import layout
 from .config import Config, load
 from .distributed import is_main
-from .evaluation import BEHAVIOUR, same_episodes, successes
+from .evaluation import BEHAVIOUR, behaviour, same_episodes, successes
 from .reporting import pct
 from .stats import two_stage_bootstrap_ci
 from .store import write_atomic, write_json
 
 LEVEL = 0.95
+UNTUNED = layout.UNTUNED
 RULE = ("mean over seeds of each seed's paired difference (on the tasks both policies played); 95% interval: "
         "two-stage percentile bootstrap (seeds resampled with replacement, then each drawn seed's tasks, the same "
         "task draw for both policies)")
@@ -92,6 +93,21 @@ def over_seeds(per_seed: dict[int, list[float]], n_boot: int, seed: int) -> dict
     return {"mean": mean, "ci95": [lo, hi], "seeds": len(usable), "tasks": sum(map(len, usable.values()))}
 
 
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _untuned(configs: dict[int, Config]) -> Path | None:
+    """The untuned model's evaluation (``eto-train eval eval.tag=untuned``): a seed's own, else the
+    first seed run that has one. Greedy play of the model before BC depends on no seed, so it is
+    played once and paired with every seed's BC."""
+    for kcfg in configs.values():
+        folder = layout.RunLayout.of(kcfg).evaluation(UNTUNED)
+        if folder.is_dir():
+            return folder
+    return None
+
+
 def _read(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
@@ -107,11 +123,24 @@ def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) ->
         rows.setdefault(arm, {}).setdefault(split, {}).setdefault(vs, {})[k] = (
             row, paired_diffs(successes(base), successes(other)))
 
+    untuned = _untuned(configs)
     for k, kcfg in configs.items():
         runs = layout.RunLayout.of(kcfg)
         if stage == "compare":
             res = _read(layout.compare_file(runs.compare, ".json"))
             evals = {n: Path(p) for n, p in res["evaluations"].items()}
+            if untuned is not None:  # the model before BC, the same episodes for every seed
+                evals[UNTUNED] = untuned
+                for split, table in res["splits"].items():
+                    if layout.episodes(untuned, split).exists():
+                        base = layout.episodes(evals["bc"], split)
+                        add(UNTUNED, split, "vs_bc", k, {"diff": _mean(paired_diffs(successes(base), successes(
+                            layout.episodes(untuned, split))))}, base, layout.episodes(untuned, split))
+                        table = {**table, UNTUNED: {"success": _mean(list(map(float, successes(
+                            layout.episodes(untuned, split)).values())))}}
+                        res["splits"][split] = table
+                        res.setdefault("behaviour", {}).setdefault(split, {})[UNTUNED] = behaviour(
+                            layout.episodes(untuned, split))
             for split, table in res["splits"].items():
                 for arm, r in table.items():
                     for vs, against in (("vs_bc", "bc"), ("vs_control", "control")):

@@ -27,7 +27,7 @@ from .. import layout
 from ..runtime import versions
 from ..store import write_atomic, write_json
 
-UNTUNED = "untuned"  # eval.tag of the model before BC (the paper's untuned rows): eto-train eval eval.tag=untuned
+UNTUNED = layout.UNTUNED
 
 def build(cfg) -> dict[str, Any]:
     runs = layout.RunLayout.of(cfg)
