@@ -5,6 +5,8 @@ so a bad value fails before a model, an environment or a stage folder is opened,
 key is named at once: one :class:`ConfigError` with a line ``<dotted.key>=<value>: <what is
 allowed>`` per key (the text comes from the field's :class:`Rule`, so the message and the check
 are one declaration). Stage code reads attributes (``cfg.bc.learning_rate``, ``cfg.paths.bc``).
+The field types and :class:`Section` are in :mod:`eto_train.config_fields`; a failed validation
+becomes those lines in :mod:`eto_train.config_errors`; this module is the schema and :func:`load`.
 
 What is checked: the enums (``Literal``), ranges (``Field(ge=..)``) and shapes of every section,
 strictly (``1`` is not ``true``, ``2.5`` is not an integer), and the cross-key rules that have
@@ -35,14 +37,13 @@ from __future__ import annotations
 
 import functools
 import re
-import types
-import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from .config_errors import error_lines, lookup, one_per_key
+from .config_fields import Choice, Flag, Int, Num, Part, Rule, Section, Text, Texts, allowed, one_of, problem, render
 from .contrasts import CONTRASTS, contrast_kind
 from .errors import ConfigError
 from .prompting import OPENINGS, PromptConfig
@@ -74,138 +75,6 @@ SET_BY_STAGE = {
     "dpo": frozenset({"output_dir", "seed", "data_seed", "report_to", "disable_tqdm", "dataloader_num_workers",
                       "logging_nan_inf_filter", "remove_unused_columns"}),
 }
-
-
-# -- rendering ----------------------------------------------------------------------------------
-def render(value: Any) -> str:
-    """A value as a message shows it: strings quoted, null/true/false as Hydra writes them."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value) if len(value) <= 120 else repr(value[:100]) + f"... ({len(value)} characters)"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(render(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {render(v)}" for k, v in value.items()) + "}"
-    return repr(value)
-
-
-def one_of(choices) -> str:
-    return "one of " + ", ".join(render(c) for c in choices)
-
-
-def _num(x) -> str:
-    return str(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else str(x)
-
-
-def _range_text(gt=None, ge=None, lt=None, le=None, integer=False) -> str:
-    kind = "an integer" if integer else "a number"
-    lo = None if gt is None and ge is None else ("(" if gt is not None else "[", gt if gt is not None else ge)
-    hi = None if lt is None and le is None else (")" if lt is not None else "]", lt if lt is not None else le)
-    if lo and hi:
-        return f"{kind} in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
-    if lo:
-        return f"{kind} {'>' if lo[0] == '(' else '>='} {_num(lo[1])}"
-    if hi:
-        return f"{kind} {'<' if hi[0] == ')' else '<='} {_num(hi[1])}"
-    return kind
-
-
-# -- field types: each carries the text its error line shows -----------------------------------
-class Rule:
-    """What a field allows, as its error line says it (``{section}``: the section's dotted key)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"Rule({self.text!r})"
-
-
-def _or_null(text: str, null: str | None) -> str:
-    return text + (f", or null ({null})" if null else "")
-
-
-def _typed(inner: Any, text: str, null: str | None) -> Any:
-    return Annotated[Optional[inner] if null else inner, Rule(text)]
-
-
-def Int(*, gt=None, ge=None, lt=None, le=None, null: str | None = None, when: str = "") -> Any:
-    """An integer in a range (``null``: what null means, when it is allowed; ``when``: appended)."""
-    return _typed(Annotated[int, Field(gt=gt, ge=ge, lt=lt, le=le)],
-                  _or_null(_range_text(gt, ge, lt, le, True), null) + when, null)
-
-
-def Num(*, gt=None, ge=None, lt=None, le=None, null: str | None = None, when: str = "") -> Any:
-    """A finite number in a range; an integer stays one (1 and 1.0 hash differently in a manifest)."""
-    return _typed(Union[Annotated[int, Field(gt=gt, ge=ge, lt=lt, le=le)],
-                        Annotated[float, Field(gt=gt, ge=ge, lt=lt, le=le)]],
-                  _or_null(_range_text(gt, ge, lt, le, False), null) + when, null)
-
-
-def Choice(choices, *, null: str | None = None, what: str = "") -> Any:
-    """One of ``choices`` (a ``Literal``)."""
-    return _typed(Literal[tuple(choices)], _or_null((what + ": " if what else "") + one_of(choices), null), null)
-
-
-def Text(*, null: str | None = None, what: str = "a non-empty string", pattern: str | None = None) -> Any:
-    return _typed(Annotated[str, Field(min_length=1, pattern=pattern)], _or_null(what, null), null)
-
-
-def Texts(*, choices=None, what: str = "", null: str | None = None, nonempty: bool = True) -> Any:
-    """A list of strings (each one of ``choices`` when given)."""
-    each = one_of(choices) if choices else "a non-empty string"
-    item = Literal[tuple(choices)] if choices else Annotated[str, Field(min_length=1)]
-    text = what or f"a {'non-empty ' if nonempty else ''}list, each entry {each}"
-    return _typed(Annotated[list[item], Field(min_length=1 if nonempty else 0)], _or_null(text, null), null)
-
-
-Flag = Annotated[bool, Rule("true or false")]
-
-
-def Part(model: type, text: str, null: str | None = None) -> Any:
-    """A sub-section (``null``: may be null)."""
-    return _typed(model, _or_null(text, null), null)
-
-
-def problem(*lines: tuple[str, str]) -> PydanticCustomError:
-    """The error of a cross-key rule: ``(key, allowed)`` per bad key, ``key`` relative to the
-    section; ``allowed`` starting with ``=`` is a whole line after the key (its own wording)."""
-    return PydanticCustomError("config", "{lines}", {"lines": list(lines)})
-
-
-def allowed(text: str) -> PydanticCustomError:
-    """A field validator's error: what the field allows, in words that depend on the value."""
-    return PydanticCustomError("config", "{allowed}", {"allowed": text})
-
-
-# -- sections -----------------------------------------------------------------------------------
-class Section(BaseModel):
-    """A config section: strict types, unknown keys refused, attribute access (``cfg.bc.learning_rate``).
-
-    ``get`` / ``[]`` / ``in`` read it as the DictConfig did (``in``: the key was given, by the YAML
-    or an override, or is an allowed extra key)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=False)
-    unknown: ClassVar[str] = ""  # what an unknown key's error line says ("" : the section's keys)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default) if key in type(self).model_fields or key in (self.model_extra or {}) \
-            else default
-
-    def __getitem__(self, key: str) -> Any:
-        if key in type(self).model_fields or key in (self.model_extra or {}):
-            return getattr(self, key)
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.model_fields_set or key in (self.model_extra or {})
-
-    def plain(self) -> dict[str, Any]:
-        """The section as plain JSON types, as the YAML gave it (what a stage hash is made of)."""
-        return self.model_dump(mode="json", exclude_unset=True)
 
 
 def _folder(v: str) -> str:
@@ -980,7 +849,7 @@ class Config(Section):
                 ETOSection.model_validate(merge_overrides(self.eto.model_dump(mode="python", exclude_unset=True), arm))
             except ValidationError as exc:
                 merged = merge_overrides(self.eto.model_dump(mode="python", exclude_unset=True), arm)
-                bad += [(f"compare.arms.{name}.{k}", "!" + line[len(k):]) for k, line in _lines(exc, ETOSection, merged)]
+                bad += [(f"compare.arms.{name}.{k}", "!" + line[len(k):]) for k, line in error_lines(exc, ETOSection, merged)]
         if self.pretrain is not None:
             seeds = _pretrain_seeds_error(self)
             if seeds:
@@ -1085,154 +954,12 @@ def _resolve(cfg) -> tuple[dict, dict, dict[str, str]]:
     return walk(cfg, ""), raw, bad
 
 
-def _lookup(data: Any, path: list) -> Any:
-    for part in path:
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
-            data = data[part]
-        else:
-            return _MISSING
-    return data
-
-
-_MISSING = object()
-
-
-def _data_path(data: Any, loc: tuple, missing: bool = False) -> list:
-    """The parts of a pydantic error location that are keys of the data (not union tags); a
-    ``missing`` error's last part is the key the data lacks."""
-    path = []
-    for i, part in enumerate(loc):
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-            path.append(part)
-        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
-            data = data[part]
-            path.append(part)
-        elif missing and i == len(loc) - 1:
-            path.append(part)
-    return path
-
-
-def _unwrap(t: Any) -> tuple[Any, list]:
-    """(the type under Annotated / Optional, the Annotated metadata met on the way)."""
-    metas: list = []
-    while True:
-        if typing.get_origin(t) is Annotated:
-            metas.extend(t.__metadata__)
-            t = t.__origin__
-            continue
-        if typing.get_origin(t) in (Union, types.UnionType):
-            args = [a for a in typing.get_args(t) if a is not type(None)]
-            if len(args) == 1:
-                t = args[0]
-                continue
-        return t, metas
-
-
-def _step(t: Any, part: Any) -> tuple[Any, list] | None:
-    """The type (and metadata) one key below ``t``."""
-    t, _ = _unwrap(t)
-    if isinstance(t, type) and issubclass(t, BaseModel):
-        f = t.model_fields.get(part) if isinstance(part, str) else None
-        if f is None:
-            return None
-        inner, metas = _unwrap(f.annotation)
-        return f.annotation, list(f.metadata) + metas
-    origin = typing.get_origin(t)
-    if origin in (list, tuple) and isinstance(part, int):
-        return _unwrap(typing.get_args(t)[0])[0], _unwrap(typing.get_args(t)[0])[1]
-    if origin is dict:
-        arg = typing.get_args(t)[1]
-        return arg, _unwrap(arg)[1]
-    if origin in (Union, types.UnionType):
-        for member in typing.get_args(t):
-            found = _step(member, part)
-            if found is not None:
-                return found
-    return None
-
-
-def _rule_of(metas: list) -> str | None:
-    return next((m.text for m in reversed(metas) if isinstance(m, Rule)), None)
-
-
-def _section_of(root: type, path: list) -> tuple[type | None, int]:
-    """The model class holding the last key of ``path``, and the depth of that model."""
-    t, model, depth = root, root, 0
-    for i, part in enumerate(path[:-1], 1):
-        found = _step(t, part)
-        if found is None:
-            break
-        t = found[0]
-        inner = _unwrap(t)[0]
-        if isinstance(inner, type) and issubclass(inner, BaseModel):
-            model, depth = inner, i
-    return model, depth
-
-
-def _rule_path(root: type, path: list) -> tuple[int, str | None]:
-    """The depth and text of the deepest :class:`Rule` along ``path``."""
-    t, best = root, (len(path), None)
-    for i, part in enumerate(path, 1):
-        found = _step(t, part)
-        if found is None:
-            break
-        t, metas = found
-        text = _rule_of(metas)
-        if text is not None:
-            best = (i, text)
-    return best
-
-
-def _dotted_key(path: list) -> str:
-    return ".".join(str(p) for p in path)
-
-
-def _lines(exc: ValidationError, root: type, data: dict) -> list[tuple[str, str]]:
-    """(key, line) for each error of the validation."""
-    out: list[tuple[str, str]] = []
-
-    def add(path: list, text: str, section: list) -> None:
-        key = _dotted_key(path)
-        value = _lookup(data, path)
-        text = text.replace("{section}", _dotted_key(section))
-        if text.startswith("!"):  # a line of its own words after the key
-            out.append((key, key + text[1:]))
-        elif text.startswith("="):  # after key=value
-            out.append((key, f"{key}={render(value)}{text[1:]}"))
-        elif value == "???":
-            out.append((key, f"{key}=???: required, not set ({text})"))
-        else:
-            out.append((key, f"{key}={'<missing>' if value is _MISSING else render(value)}: {text}"))
-
-    for e in exc.errors():
-        path = _data_path(data, e["loc"], missing=e["type"] == "missing")
-        ctx = e.get("ctx") or {}
-        if e["type"] == "config" and "lines" in ctx:
-            for rel, text in ctx["lines"]:
-                add(path + [int(p) if p.isdigit() else p for p in rel.split(".") if rel], text, path)
-            continue
-        if e["type"] == "extra_forbidden":
-            model, depth = _section_of(root, path)
-            names = ", ".join(sorted(model.model_fields)) if model else ""
-            add(path, (model.unknown if model and model.unknown else
-                       f"not a key of {_dotted_key(path[:-1]) or 'the config'}: one of {names}"), path[:depth])
-            continue
-        depth, rule = _rule_path(root, path)
-        model, mdepth = _section_of(root, path[:depth])
-        text = ctx["allowed"] if "allowed" in ctx and _lookup(data, path) != "???" else rule or e["msg"]
-        add(path if "allowed" in ctx else path[:depth], text, path[:mdepth])
-    return out
-
-
 def _key_lines(data: dict) -> list[tuple[str, str]]:
     """The TRL key check of bc and eto.dpo, for a config whose validation failed: a section with a
     bad value skips its cross-key rules, but an unknown key is named with the bad values."""
     out = []
     for key, model in (("bc", BCSection), ("eto.dpo", DPOSection)):
-        section = _lookup(data, key.split("."))
+        section = lookup(data, key.split("."))
         if isinstance(section, dict):
             extra = {k: v for k, v in section.items() if k not in model.model_fields}
             for k, text in trl_key_problems(model.kind, extra):
@@ -1263,35 +990,20 @@ def load(cfg: Any) -> Config:
         raw.pop(k, None)
     env_model, env_error = _env_model(data.get("env"))
     cls = _config_class(env_model)
-    lines: list[tuple[str, str]] = [(k, f"{k}={render(_lookup(raw, k.split('.')))}: {why}")
+    lines: list[tuple[str, str]] = [(k, f"{k}={render(lookup(raw, k.split('.')))}: {why}")
                                     for k, why in unresolved.items()]
     if env_error:
         lines.append(("env.name", env_error))
     try:
         result = cls.model_validate(data)
     except ValidationError as exc:
-        lines += [(k, line) for k, line in _lines(exc, cls, data) + _key_lines(data)
+        lines += [(k, line) for k, line in error_lines(exc, cls, data) + _key_lines(data)
                   if not any(k == u or k.startswith(u + ".") for u in unresolved)
                   and not (env_error and k == "env.name")]
         result = None
     if not lines:
         return result
-    raise ConfigError(_unique(lines, raw))
-
-
-def _unique(lines: list[tuple[str, str]], raw: dict) -> list[str]:
-    """One line per key; none for a key that is ``${other}`` when ``other`` has one (the default
-    compare.splits is ${eval.splits}: one bad value, one line)."""
-    seen: dict[str, str] = {}
-    for key, line in lines:
-        seen.setdefault(key, line)
-    out = []
-    for key, line in seen.items():
-        m = re.fullmatch(r"\$\{([\w.]+)\}", str(_lookup(raw, key.split("."))))
-        if m and m.group(1) in seen:
-            continue
-        out.append(line)
-    return out
+    raise ConfigError(one_per_key(lines, raw))
 
 
 def typed(cfg: Any) -> Config:
