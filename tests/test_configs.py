@@ -300,3 +300,36 @@ def test_the_base_study_again_is_the_first_one_with_three_dpo_epochs():
     again["eto"]["dpo"]["num_train_epochs"] = 1
     # every path follows run_name
     assert json.loads(json.dumps(again).replace("contrast_study_e3", "contrast_study")) == first
+
+
+REAL_STUDY_DPO = (0.1, 5e-6, 3, 4)  # beta, lr, epochs, pairs per step: the dev diagnosis's choice
+
+
+def test_the_real_model_study_is_its_rule():
+    """experiment=real_study is the rule of docs/experiments.md ("ETO on a real chat model across seeds: the rule"):
+    SmolLM2-135M-Instruct with the paper-shaped prompt, bf16 fixed up front, three seeds, the issue's arms, both
+    200-episode test splits, DPO's strength from the dev diagnosis."""
+    from eto_train.config import load
+
+    cfg = load(compose(["experiment=real_study"]))
+    assert cfg.seeds == [0, 1, 2] and cfg.run_name == "real_study"
+    assert cfg.model.name == "smollm2-135m-instruct" and cfg.prompt.version == compose(["prompt=twx_eto"]).prompt.version
+    assert cfg.model.dtype == "bfloat16" and cfg.bc.bf16 and cfg.eto.dpo.bf16
+    assert cfg.runtime.train_threads == cfg.runtime.rollout_threads == 1
+    assert [g.name for g in cfg.env.games] == ["mapreader", "twc"] and cfg.env.step_limit == 10
+    assert cfg.rollout.generation.max_new_tokens == 16
+    assert cfg.env.splits["train"].count == cfg.eto.explore.tasks_per_game == 40 and cfg.env.splits["dev"].count == 50
+    for split in ("test_seen", "test_unseen"):  # 100 seeds per game x 2 games = 200 episodes
+        assert cfg.env.splits[split].count == 100
+    assert list(cfg.compare.splits) == list(cfg.eval.splits) == ["test_seen", "test_unseen"]
+    assert (cfg.bc.num_train_epochs, cfg.bc.per_device_train_batch_size, cfg.bc.learning_rate) == (2, 4, 1e-4)
+    assert cfg.compare.variants == ["trajectory", "step", "step_value", "anchor", "mixture"]
+    assert cfg.compare.control and cfg.compare.control_of == "trajectory" and cfg.compare.bootstrap == 2000
+    assert cfg.eto.iterations == 2 and cfg.eto.early_stopping and cfg.eto.dev_split == "dev"
+    d = cfg.eto.dpo
+    assert (d.beta, d.learning_rate, d.num_train_epochs, d.per_device_train_batch_size) == REAL_STUDY_DPO
+    assert list(d.loss_type) == ["sigmoid", "sft"] and d.precompute_ref_log_probs
+    assert (d.later.beta, d.later.learning_rate) == (0.5, d.learning_rate / 2)
+    arms = cfg.compare.arms
+    assert arms["anchor"]["explore"]["samples"] == 4 and cfg.eto.pairs.value_rollouts == 4
+    assert cfg.eto.pairs.value_margin == 0.1 and cfg.eto.pairs.mixture_step_fraction == 0.5

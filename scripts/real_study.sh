@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# ETO on a real chat model across seeds (issue 36): the study of docs/experiments.md ("ETO on a real chat model
+# across seeds: the rule"), configs/experiment/real_study.yaml. Every step skips what is done: rerun to resume.
+#
+#   scripts/real_study.sh              everything: two processes of one torch thread each (seed 0, the untuned
+#                                      model and seed 2 in one; seed 1 in the other), then the aggregate
+#   scripts/real_study.sh seed K       seed K's ETO (2 iterations, dev-selected) and its compare arms
+#   scripts/real_study.sh untuned      the model before BC on both test splits (once: greedy play needs no seed)
+#   scripts/real_study.sh aggregate    every seed up to date -> runs/real_study/seeds.{json,md}
+#
+# Each seed's machine (CPU model, torch's CPU capability) goes to runs/real_study/machines.txt when it starts: bf16
+# greedy choices can differ between CPUs, and the rule plays a seed on one machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+eto-train() { "$PY" -m eto_train.cli "$@"; }
+S=experiment=real_study
+machine() {
+  mkdir -p runs/real_study
+  echo "$(date -u +%FT%TZ) $1: $(lscpu | sed -n 's/^Model name: *//p'), torch $("$PY" -c 'import torch; print(torch.__version__, torch.backends.cpu.get_cpu_capability())'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" >> runs/real_study/machines.txt
+}
+set -f
+case "${1-all}" in
+  untuned)   machine untuned
+             eto-train eval $S seeds=null eval.policy='${model.path}' eval.tag=untuned ;;
+  seed)      machine "seed $2"
+             eto-train eto $S "seeds=[$2]"
+             eto-train compare $S "seeds=[$2]" ;;
+  aggregate) eto-train eto $S
+             eto-train compare $S ;;
+  all)       ("$0" seed 0; "$0" untuned; "$0" seed 2) & ("$0" seed 1) & wait
+             "$0" aggregate ;;
+  *)         sed -n '2,13p' "$0"; exit 2 ;;
+esac
