@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from ..config import Generation
 from ..envs.base import Environment, EnvironmentFailure, StepResult, Task
 from ..envs.guard import env_seconds
 from ..envs.workers import Ready, hosting, placed, sends_async
@@ -69,12 +70,8 @@ def prefix_tag(prefix: tuple[str, ...], unparsed: str | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-@dataclass
-class GenerationConfig:
-    max_new_tokens: int = 32
-    do_sample: bool = False  # greedy, as in the paper
-    temperature: float = 1.0
-    top_p: float = 1.0
+# How a policy decodes: the config's ``rollout.generation`` section itself (one home for its values and bounds).
+GenerationConfig = Generation
 
 
 class Policy:
