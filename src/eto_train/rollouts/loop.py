@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..config import Generation
+from ..config import Config, Generation, RolloutSection
 from ..envs.base import Environment, EnvironmentFailure, StepResult, Task
 from ..envs.guard import env_seconds
 from ..envs.workers import Ready, hosting, placed, sends_async
@@ -72,6 +72,7 @@ def prefix_tag(prefix: tuple[str, ...], unparsed: str | None = None) -> str:
 
 # How a policy decodes: the config's ``rollout.generation`` section itself (one home for its values and bounds).
 GenerationConfig = Generation
+_ROLLOUT = RolloutSection.model_fields
 
 
 class Policy:
@@ -184,10 +185,13 @@ class _Slot:
 
 @dataclass
 class RolloutConfig:
-    batch_size: int = 32
-    env_retries: int = 3  # a failed environment call is retried this many times (episode rebuilt by replay)
-    seed: int = 0
-    overlap_env: bool = False  # step an episode's environment while the other rows still decode
+    """The engine's settings, as play.py builds them from the effective ``rollout`` section and the root ``seed``;
+    the defaults (for scripts and tests) are the schema's own values, not copies of them."""
+
+    batch_size: int = _ROLLOUT["batch_size"].default
+    env_retries: int = _ROLLOUT["env_retries"].default  # a failed environment call is retried this many times
+    seed: int = Config.model_fields["seed"].default  # the root config's seed
+    overlap_env: bool = _ROLLOUT["overlap_env"].default  # step an episode's environment while other rows decode
 
 
 class _RetriesExhausted(Exception):
