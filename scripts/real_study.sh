@@ -7,6 +7,7 @@
 #   scripts/real_study.sh seed K       seed K's ETO (2 iterations, dev-selected) and its compare arms
 #   scripts/real_study.sh untuned      the model before BC on both test splits (once: greedy play needs no seed)
 #   scripts/real_study.sh aggregate    every seed up to date -> runs/real_study/seeds.{json,md}
+#   scripts/real_study.sh status       each stage's manifest so far: status, seconds (and success on dev only)
 #
 # Each seed's machine (CPU model, torch's CPU capability) goes to runs/real_study/machines.txt when it starts: bf16
 # greedy choices can differ between CPUs, and the rule plays a seed on one machine.
@@ -30,5 +31,16 @@ case "${1-all}" in
              eto-train compare $S ;;
   all)       ("$0" seed 0; "$0" untuned; "$0" seed 2) & ("$0" seed 1) & wait
              "$0" aggregate ;;
-  *)         sed -n '2,13p' "$0"; exit 2 ;;
+  status)    "$PY" - <<'PY'
+import json, pathlib
+for m in sorted(pathlib.Path("runs/real_study").rglob("manifest.json"), key=lambda p: p.stat().st_mtime):
+    if "cache" in m.parts or "diag" in m.parts:
+        continue
+    d = json.loads(m.read_text())
+    metrics = m.parent / "metrics.json"
+    ok = json.loads(metrics.read_text())["overall"].get("success_rate") if metrics.exists() and m.parent.name == "dev" else None
+    print(f"{str(m.parent):60} {d.get('status'):8} {d.get('seconds') or '':>8} {'' if ok is None else f'{100 * ok:.1f}%'}")
+PY
+             ;;
+  *)         sed -n '2,14p' "$0"; exit 2 ;;
 esac
