@@ -49,7 +49,7 @@ STOPS = {  # tokenizer eos + generation_config.eos_token_id of each family's rel
 BC = {"max_length": 1024, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "learning_rate": 1e-3,
       "lr_scheduler_type": "constant", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1, "max_steps": 1, "logging_steps": 1,
       "save_strategy": "no", "save_total_limit": 1, "bf16": False, "activation_checkpointing": False,
-      "use_cpu": True}
+      "use_cpu": True, "save_steps": 500, "only_success": True}
 
 
 def chat_template(family: str) -> str | None:

@@ -17,7 +17,8 @@ from eto_train.training.masks import assistant_token_mask
 DPO = {"beta": 0.1, "loss_type": ["sigmoid"], "learning_rate": 1e-3, "num_train_epochs": 1, "max_steps": 2,
        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "lr_scheduler_type": "constant",
        "warmup_steps": 0.0, "max_length": 1024,
-       "precompute_ref_log_probs": True, "logging_steps": 1, "save_strategy": "no", "save_total_limit": 1,
+       "precompute_ref_log_probs": True, "logging_steps": 1, "save_strategy": "no", "save_steps": 500, "save_total_limit": 1,
+       "loss_weights": None,
        "bf16": False, "use_cpu": True, "activation_checkpointing": False}
 
 

@@ -26,7 +26,7 @@ LR = 1e-6
 TRAIN = {"max_length": 128, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "learning_rate": LR,
          "lr_scheduler_type": "constant", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1, "max_steps": 1, "logging_steps": 1,
          "save_strategy": "no", "save_steps": 500, "save_total_limit": 1, "bf16": True,
-         "activation_checkpointing": True, "use_cpu": True}
+         "activation_checkpointing": True, "use_cpu": True, "only_success": True}
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05,  # hardware/lora_24gb.yaml
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 QLORA = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}  # qlora_24gb.yaml

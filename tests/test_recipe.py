@@ -14,6 +14,7 @@ BC = {"max_length": 64, "per_device_train_batch_size": 2, "gradient_accumulation
       "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "save_steps": 500, "save_total_limit": 1,
       "bf16": False, "activation_checkpointing": False, "use_cpu": True}
 DPO = {**BC, "beta": 0.1, "loss_type": ["sigmoid"], "loss_weights": None, "precompute_ref_log_probs": False}
+BC = {**BC, "only_success": True}
 RUNTIME = {"output_dir", "seed", "data_seed", "report_to"}  # from the stage (training/sft.py, training/dpo.py)
 
 

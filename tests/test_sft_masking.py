@@ -14,7 +14,7 @@ from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
 BC = {"max_length": 1024, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 1, "learning_rate": 1e-3,
       "lr_scheduler_type": "cosine", "warmup_steps": 0.0, "weight_decay": 0.0, "num_train_epochs": 1, "max_steps": 2, "logging_steps": 1,
       "save_strategy": "no", "save_total_limit": 1, "bf16": False, "activation_checkpointing": False,
-      "use_cpu": True}
+      "use_cpu": True, "save_steps": 500, "only_success": True}
 
 
 def _assistant_char_spans(text: str) -> list[tuple[int, int]]:

@@ -276,30 +276,34 @@ def trl_key_problems(kind: str, extra: dict[str, Any]) -> list[tuple[str, str]]:
 
 class TrainingSection(Section):
     """The Trainer arguments bc and eto.dpo share, under TRL's names (TRL's ``SFTConfig`` /
-    ``DPOConfig``); another argument of that class may be given too (``+bc.max_grad_norm=0.5``)."""
+    ``DPOConfig``); another argument of that class may be given too (``+bc.max_grad_norm=0.5``).
+
+    Their values live in the YAML profiles (configs/bc/*.yaml, configs/eto/*.yaml's ``dpo``), which name every
+    key: the schema holds types, bounds and messages only (one home per value). ``effective_batch`` is the one
+    optional key (null: gradient_accumulation_steps decides)."""
 
     model_config = ConfigDict(extra="allow")
     kind: ClassVar[str] = "sft"  # which TRL class: sft | dpo
     own: ClassVar[frozenset[str]] = frozenset({"effective_batch"})  # eto-train's keys, not TRL's
 
-    learning_rate: Num(gt=0) = 5e-5
-    num_train_epochs: Num(gt=0) = 3.0
-    max_steps: _max_steps() = -1
-    per_device_train_batch_size: Int(ge=1, when=" (per device)") = 8
-    gradient_accumulation_steps: Int(ge=1) = 1
+    learning_rate: Num(gt=0)
+    num_train_epochs: Num(gt=0)
+    max_steps: _max_steps()
+    per_device_train_batch_size: Int(ge=1, when=" (per device)")
+    gradient_accumulation_steps: Int(ge=1)
     effective_batch: Int(ge=1, null="{section}.gradient_accumulation_steps decides") = None
     lr_scheduler_type: Choice(scheduler_types(), what=f"a transformers SchedulerType (transformers "
-                                                      f"{version('transformers')})") = "linear"
-    warmup_steps: Num(ge=0, le=1, when=" (share of the optimizer steps)") = 0.0
-    weight_decay: Num(ge=0) = 0.0
-    max_length: Int(ge=1, when=" (tokens per sequence)") = 1024
-    logging_steps: Num(gt=0) = 500
-    save_strategy: Choice(save_strategies()) = "steps"
-    save_steps: Num(gt=0) = 500
-    save_total_limit: Int(ge=1, null="keep every checkpoint") = None
-    bf16: Flag = False
-    activation_checkpointing: Flag = False
-    use_cpu: Flag = False
+                                                      f"{version('transformers')})")
+    warmup_steps: Num(ge=0, le=1, when=" (share of the optimizer steps)")
+    weight_decay: Num(ge=0)
+    max_length: Int(ge=1, when=" (tokens per sequence)")
+    logging_steps: Num(gt=0)
+    save_strategy: Choice(save_strategies())
+    save_steps: Num(gt=0)
+    save_total_limit: Int(ge=1, null="keep every checkpoint")
+    bf16: Flag
+    activation_checkpointing: Flag
+    use_cpu: Flag
 
     @model_validator(mode="after")
     def _rules(self):
@@ -320,7 +324,7 @@ class TrainingSection(Section):
 
 class BCSection(TrainingSection):
     own: ClassVar[frozenset[str]] = frozenset({"effective_batch", "only_success"})
-    only_success: Flag = True
+    only_success: Flag
 
 
 def _loss_types(v: list[str]) -> list[str]:
@@ -338,11 +342,12 @@ class DPOTraining(TrainingSection):
     kind: ClassVar[str] = "dpo"
     own: ClassVar[frozenset[str]] = frozenset({"effective_batch", "later"})
 
-    beta: Num(gt=0) = 0.1
-    loss_type: Annotated[list[str], Field(min_length=1), AfterValidator(_loss_types), _LOSS_TYPE_RULE] = ["sigmoid"]
+    beta: Num(gt=0)
+    loss_type: Annotated[list[str], Field(min_length=1), AfterValidator(_loss_types), _LOSS_TYPE_RULE]
     loss_weights: Annotated[Optional[list[Union[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=0)]]]],
-                            Rule("a list of numbers >= 0, one per loss_type entry, or null (1.0 each)")] = None
-    precompute_ref_log_probs: Flag = False
+                            Rule("a list of numbers >= 0, one per loss_type entry, or null (1.0 each)")]
+    precompute_ref_log_probs: Flag
+    weight_decay: Num(ge=0) = 0.0  # the CPU profile does not name it for DPO: its one home is here (TRL's value)
 
     def _loss_pair(self) -> list[tuple[str, str]]:
         if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
@@ -352,10 +357,12 @@ class DPOTraining(TrainingSection):
         return []
 
 
-class DPOLater(DPOTraining):
-    """``eto.dpo.later``: eto.dpo's keys that change from iteration 2 on (each unset one is eto.dpo's)."""
+class _DPOLaterRules(Section):
+    """``eto.dpo.later``: eto.dpo's keys that change from iteration 2 on (each unset one is eto.dpo's). Every key is
+    optional: :data:`DPOLater` is DPOTraining's fields with the same types and words, none required."""
 
-    unknown = "not a key of eto.dpo (later overrides eto.dpo's keys from iteration 2 on)"
+    model_config = ConfigDict(extra="allow")
+    unknown: ClassVar[str] = "not a key of eto.dpo (later overrides eto.dpo's keys from iteration 2 on)"
 
     @model_validator(mode="after")
     def _rules(self):
@@ -364,6 +371,15 @@ class DPOLater(DPOTraining):
         if bad:
             raise problem(*bad)
         return self
+
+
+def _optional(f) -> tuple[Any, None]:
+    """A field as an override's: its type and metadata (bounds, Rule) kept, unset by default."""
+    return Optional[Annotated[(f.annotation, *f.metadata)]], None
+
+
+DPOLater = create_model("DPOLater", __base__=_DPOLaterRules, __module__=__name__,
+                        **{name: _optional(f) for name, f in DPOTraining.model_fields.items()})
 
 
 class DPOSection(DPOTraining):
@@ -477,7 +493,7 @@ class ETOSection(Section):
     test_last_iteration: Flag = False  # the last iteration on the test splits too when dev kept another
     explore: Part(Explore, "{split, tasks_per_game, samples, rollout}") = Field(default_factory=Explore)
     pairs: Part(Pairs, "{contrast, chosen, extra_turns, ...}") = Field(default_factory=Pairs)
-    dpo: Part(DPOSection, "DPOConfig arguments under TRL's names") = Field(default_factory=DPOSection)
+    dpo: Part(DPOSection, "DPOConfig arguments under TRL's names")
 
     @model_validator(mode="after")
     def _selection(self):
@@ -813,7 +829,7 @@ class Config(Section):
     wandb: Part(Wandb, "{enabled, mode, project}") = Field(default_factory=Wandb)
     env: Part(EnvSection, "an environment section (configs/env)")
     model: Part(ModelSection, "a model section (configs/model)")
-    bc: Part(BCSection, "SFTConfig arguments under TRL's names (configs/bc)") = Field(default_factory=BCSection)
+    bc: Part(BCSection, "SFTConfig arguments under TRL's names (configs/bc)")
     rollout: Part(RolloutSection, "rollout settings (configs/rollout)") = Field(default_factory=RolloutSection)
     eval: Part(EvalSection, "{policy, tag, splits, rollout}")
     eto: Part(ETOSection, "the ETO loop (configs/eto)") = Field(default_factory=ETOSection)

@@ -92,7 +92,8 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResul
         # -- setup
         from ..training.sft import sft_arguments
 
-        args = sft_arguments(BCSection.model_validate(train), layout.checkpoints(stage.work), cfg.seed)
+        args = sft_arguments(BCSection.model_validate({**train, "only_success": True}), layout.checkpoints(stage.work),
+                             cfg.seed)  # only_success: the chosen sides are trained whatever they scored
         job = recipe.SFTJob(stage.name, policy_path, chosen, args, to_plain(cfg.model), cfg.trust_remote_code)
         # -- train and save: a killed run resumes from its last checkpoint
         t = recipe.train(job, stage.work, begin=stage.begin, console=console)
