@@ -109,8 +109,8 @@ def Threads() -> Any:
 
 
 class Runtime(Section):
-    train_threads: Threads() = 2
-    rollout_threads: Threads() = 2
+    train_threads: Threads()
+    rollout_threads: Threads()
 
 
 def _experts_source(v: str) -> str:
@@ -122,14 +122,14 @@ def _experts_source(v: str) -> str:
 
 class Experts(Section):
     source: Annotated[str, AfterValidator(_experts_source),
-                      Rule("'gold' or the path of the authors' <env>_sft.json")] = "gold"
-    on_lost: Choice(("warn", "error"), what="what a gold path that does not win in the environment is") = "warn"
+                      Rule("'gold' or the path of the authors' <env>_sft.json")]
+    on_lost: Choice(("warn", "error"), what="what a gold path that does not win in the environment is")
 
 
 class Wandb(Section):
-    enabled: Flag = True
-    mode: Choice(WANDB_MODES) = "offline"
-    project: Text() = "eto-train"
+    enabled: Flag
+    mode: Choice(WANDB_MODES)
+    project: Text()
 
 
 # env ----------------------------------------------------------------------------------------------
@@ -583,9 +583,6 @@ class PromptSection(Section):
 
 
 RESERVED_ARMS = ("bc", "control")  # compare's own policies: not an arm's name
-# compare.arms' default: the study's DPO arms, each a set of eto overrides (configs/config.yaml sets them)
-ARMS = {"trajectory": {"pairs": {"contrast": "trajectory"}}, "step": {"pairs": {"contrast": "step"}},
-        "mixture": {"pairs": {"contrast": "mixture"}}}
 
 
 def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -612,12 +609,12 @@ class CompareSection(Section):
     arms: Annotated[dict[Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")], dict[str, Any]],
                     Field(min_length=1),
                     Rule("a mapping of arm name (letters, digits, _ or -) -> eto overrides, e.g. "
-                         "{step: {pairs: {contrast: step}}}")] = Field(default_factory=lambda: dict(ARMS))
-    variants: Texts(what="a non-empty list of arm names (compare.arms)") = ["trajectory", "step", "mixture"]
-    control: Flag = True
-    control_of: Text(what="an arm name (one of compare.variants)") = "trajectory"
-    splits: Texts(what="a non-empty list of split names") = ["seen", "unseen"]
-    bootstrap: Int(ge=1, when=" (paired bootstrap resamples)") = 2000
+                         "{step: {pairs: {contrast: step}}}")]
+    variants: Texts(what="a non-empty list of arm names (compare.arms)")
+    control: Flag
+    control_of: Text(what="an arm name (one of compare.variants)")
+    splits: Texts(what="a non-empty list of split names")
+    bootstrap: Int(ge=1, when=" (paired bootstrap resamples)")
 
     @model_validator(mode="after")
     def _variants(self):
@@ -638,11 +635,11 @@ class CompareSection(Section):
 
 
 class ReadingSection(Section):
-    split: Text() = "test_seen"
+    split: Text()
     policies: Annotated[dict[str, Annotated[str, Field(min_length=1)]], Field(min_length=1),
                         Rule("at least one tag mapped to a checkpoint folder or hub id")]
-    permutations: Int(ge=1) = 20000
-    alpha: Num(gt=0, lt=1) = 0.01
+    permutations: Int(ge=1)
+    alpha: Num(gt=0, lt=1)
 
 
 def _dotted(v: str) -> str:
@@ -662,15 +659,15 @@ def _regex(v: str) -> str:
 class ExportSection(Section):
     inputs: Texts(what="a non-empty list of episode or pairs files")
     output: Text()
-    format: Choice(EXPORT_FORMATS) = "eto"
+    format: Choice(EXPORT_FORMATS)
     drop_fields: Annotated[list[Annotated[str, AfterValidator(_dotted), Rule("a dotted field path, e.g. policy.path")]],
-                           Rule("a list of dotted field paths")] = []
-    detect_secrets: Flag = True
-    entropy_limit: Num(gt=0, le=8, null="no entropy detector", when=" (bits per character)") = 4.5
+                           Rule("a list of dotted field paths")]
+    detect_secrets: Flag
+    entropy_limit: Num(gt=0, le=8, null="no entropy detector", when=" (bits per character)")
     redact_patterns: Annotated[list[Annotated[str, AfterValidator(_regex), Rule("a regular expression")]],
-                               Rule("a list of regular expressions")] = []
-    replacement: Annotated[str, Rule("a string")] = "[REDACTED]"
-    skip_statuses: Texts(choices=STATUSES, nonempty=False) = []
+                               Rule("a list of regular expressions")]
+    replacement: Annotated[str, Rule("a string")]
+    skip_statuses: Texts(choices=STATUSES, nonempty=False)
 
 
 # pretrain -----------------------------------------------------------------------------------------
@@ -817,16 +814,16 @@ class Config(Section):
 
     unknown = "not a section of the config"
     run_name: Annotated[str, AfterValidator(_run_name), Rule("a folder name inside paths.runs")]
-    seed: Int(ge=0, le=SEED_MAX) = 0
+    seed: Int(ge=0, le=SEED_MAX)
     seeds: Annotated[Optional[Annotated[list[Annotated[int, Field(ge=0, le=SEED_MAX)]], Field(min_length=1),
                                         AfterValidator(_unique_seeds)]],
                      Rule(f"a non-empty list of distinct integers in [0, {SEED_MAX}] (eto and compare run once per "
-                          "seed, runs/<run>/seed<k>/), or null (one run at seed)")] = None
-    trust_remote_code: Flag = False
+                          "seed, runs/<run>/seed<k>/), or null (one run at seed)")]
+    trust_remote_code: Flag
     paths: Part(Paths, "the run's folders")
-    runtime: Part(Runtime, "{train_threads, rollout_threads}") = Field(default_factory=Runtime)
-    experts: Part(Experts, "{source, on_lost}") = Field(default_factory=Experts)
-    wandb: Part(Wandb, "{enabled, mode, project}") = Field(default_factory=Wandb)
+    runtime: Part(Runtime, "{train_threads, rollout_threads}")
+    experts: Part(Experts, "{source, on_lost}")
+    wandb: Part(Wandb, "{enabled, mode, project}")
     env: Part(EnvSection, "an environment section (configs/env)")
     model: Part(ModelSection, "a model section (configs/model)")
     bc: Part(BCSection, "SFTConfig arguments under TRL's names (configs/bc)")
@@ -835,7 +832,7 @@ class Config(Section):
     eto: Part(ETOSection, "the ETO loop (configs/eto)") = Field(default_factory=ETOSection)
     pretrain: Part(PretrainSection, "pretraining (configs/pretrain)") = None
     prompt: Part(PromptSection, "a prompt profile (configs/prompt)") = Field(default_factory=PromptSection)
-    compare: Part(CompareSection, "{arms, variants, control, control_of, splits, bootstrap}") = Field(default_factory=CompareSection)
+    compare: Part(CompareSection, "{arms, variants, control, control_of, splits, bootstrap}")
     reading: Part(ReadingSection, "{split, policies, permutations, alpha}") = None
     export: Part(ExportSection, "{inputs, output, format, ...}") = None
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..config import Config, Generation, RolloutSection
+from ..config import Generation, RolloutSection
 from ..envs.base import Environment, EnvironmentFailure, StepResult, Task
 from ..envs.guard import env_seconds
 from ..envs.workers import Ready, hosting, placed, sends_async
@@ -190,7 +190,7 @@ class RolloutConfig:
 
     batch_size: int = _ROLLOUT["batch_size"].default
     env_retries: int = _ROLLOUT["env_retries"].default  # a failed environment call is retried this many times
-    seed: int = Config.model_fields["seed"].default  # the root config's seed
+    seed: int = 0  # play.py passes the run's seed (the root `seed`); 0 for scripts and tests
     overlap_env: bool = _ROLLOUT["overlap_env"].default  # step an episode's environment while other rows decode
 
 
