@@ -135,20 +135,20 @@ def test_episodes_of_two_tasks_are_refused():
 
 
 def test_build_pairs_keeps_anchor_pairs_per_task_and_no_expert_side():
-    from eto_train.config import Pairs
+    from test_pairs import cpu_pairs
     from eto_train.stages.eto.pairs import build_pairs
 
     t1 = [ep("a1", [("n", "h")], 1.0), ep("a2", [("s", "y")], 0.0)]
     t2 = [ep("b1", [("n", "h")], 1.0, task="g/train/2"), ep("b2", [("n", "h")], 0.0, task="g/train/2")]
     expert = ep("x", [("n", "h")], 1.0)
     expert.policy = PolicyRef(id="expert")
-    pairs, stats = build_pairs(Pairs(contrast="anchor"), {"g/train/1": expert}, t1 + t2, [], seed=0)
+    pairs, stats = build_pairs(cpu_pairs(contrast="anchor"), {"g/train/1": expert}, t1 + t2, [], seed=0)
     assert [(p.kind, p.task_id) for p in pairs] == [("anchor", "g/train/1")]
     assert stats["by_kind"]["anchor"] == 1 and stats["no_pair"] == 1 and stats["agent_lost"] == stats["agent_won"] == 0
     # chosen reads as for every contrast: self -> the whole-episode self pairs only, both -> the union
-    own, _ = build_pairs(Pairs(contrast="anchor", chosen="self"), {}, t1 + t2, [], seed=0)
+    own, _ = build_pairs(cpu_pairs(contrast="anchor", chosen="self"), {}, t1 + t2, [], seed=0)
     assert sorted(p.kind for p in own) == ["self", "self"]
-    both, _ = build_pairs(Pairs(contrast="anchor", chosen="both"), {}, t1 + t2, [], seed=0)
+    both, _ = build_pairs(cpu_pairs(contrast="anchor", chosen="both"), {}, t1 + t2, [], seed=0)
     assert sorted(p.kind for p in both) == ["anchor", "self", "self"]
 
 

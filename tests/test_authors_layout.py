@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 
 import pytest
+from test_pairs import cpu_pairs
 
-from eto_train.config import Pairs
 from eto_train.eto_format import AUTHORS_OFFSET, IDS_FILE, file_safe, pair_to_eto
 from eto_train.export import export_training_data
 from eto_train.records import Episode, PolicyRef, Step
@@ -135,7 +135,7 @@ def export_both(tmp_path, experts, explored, model="mymodel"):
 
 
 def ours(env, experts, explored):
-    pc = Pairs(contrast="trajectory", chosen="expert", rejected_cut="expert_length", expert_reward="authors",
+    pc = cpu_pairs(contrast="trajectory", chosen="expert", rejected_cut="expert_length", expert_reward="authors",
                extra_turns=None if env == "alfworld" else 5)
     pairs, _ = build_pairs(pc, {e.task_id: e for e in experts}, explored, [], seed=0)
     return pairs

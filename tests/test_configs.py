@@ -336,10 +336,10 @@ def test_the_real_model_study_is_its_rule():
 
 
 def test_no_value_of_bc_eto_dpo_or_the_root_sections_is_written_in_two_homes_and_the_rest_only_shrink():
-    """Issue 38, item 1 (in part): the values of bc, eto.dpo, compare, runtime, experts, wandb, reading, export and
+    """Issue 38, item 1 (in part): the values of bc, eto (its loop, explore, pairs and dpo), compare, runtime, experts, wandb, reading, export and
     the root's seed, seeds and trust_remote_code live in the YAML only (the schema has their types, bounds and
-    words), so none of them carries a schema default the YAML also sets. The other sections (env, eto's loop,
-    model, pretrain, prompt, rollout) still have such keys (scripts/config_homes.py lists them): their count may
+    words), so none of them carries a schema default the YAML also sets. The other sections (env, model,
+    pretrain, prompt, rollout and its overrides) still have such keys (scripts/config_homes.py lists them): their count may
     only fall.
     eto.dpo.later's keys default to null, which means "eto.dpo's": not a value."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -350,6 +350,8 @@ def test_no_value_of_bc_eto_dpo_or_the_root_sections_is_written_in_two_homes_and
     same, diff = [], []
     homes(load(compose([])), [], same, diff)
     two = [k for k, _, _ in same + diff if not k.startswith("eto.dpo.later.")]
-    done = ("bc.", "eto.dpo.", "compare.", "runtime.", "experts.", "wandb.", "reading.", "export.")
-    assert [k for k in two if k.startswith(done) or k in ("seed", "seeds", "trust_remote_code")] == []
-    assert len(two) <= 94, two
+    done = ("bc.", "eto.", "compare.", "runtime.", "experts.", "wandb.", "reading.", "export.")
+    overrides = "eto.explore.rollout."  # a rollout section's overrides: its keys' values are rollout's (not done yet)
+    assert [k for k in two if (k.startswith(done) and not k.startswith(overrides))
+            or k in ("seed", "seeds", "trust_remote_code")] == []
+    assert len(two) <= 76, two

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
 from pydantic import ValidationError
+from test_pairs import cpu_pairs, ep
 
-from eto_train.config import Pairs
 from eto_train.contrasts import CONTRASTS, KINDS, contrast_kind
 from eto_train.stages.eto.pairs import build_pairs
-from test_pairs import ep
 
 EXPERT = ep(["a", "b", "c"], 1.0)
 AGENT = ep(["a", "x", "y"], 0.0, policy="bc")  # diverges at step 1 and loses
@@ -17,9 +15,9 @@ AGENT = ep(["a", "x", "y"], 0.0, policy="bc")  # diverges at step 1 and loses
 
 def test_the_config_offers_exactly_the_registry_kinds():
     for name in CONTRASTS:
-        assert Pairs(contrast=name).contrast == name
+        assert cpu_pairs(contrast=name).contrast == name
     with pytest.raises(ValidationError, match="contrast"):
-        Pairs(contrast="stepwise")
+        cpu_pairs(contrast="stepwise")
 
 
 def test_every_kind_builds_from_at_least_one_source():
@@ -37,7 +35,7 @@ def test_every_kind_builds_from_at_least_one_source():
     ("mixture", {"trajectory": 1, "step": 1}),
 ])
 def test_each_kind_builds_its_own_pairs_from_one_lost_episode(name, kinds):
-    pairs, stats = build_pairs(Pairs(contrast=name), {EXPERT.task_id: EXPERT}, [AGENT], [], seed=0)
+    pairs, stats = build_pairs(cpu_pairs(contrast=name), {EXPERT.task_id: EXPERT}, [AGENT], [], seed=0)
     assert {k: v for k, v in stats["by_kind"].items() if v} == kinds
     step = [p for p in pairs if p.kind == "step"]
     assert all(p.step == 1 for p in step)  # the first divergence: "x" against the expert's "b"

@@ -254,7 +254,7 @@ def test_gold_path_replays_are_never_faulted():
 
 
 def test_faulted_episodes_never_become_pairs(sleeps):
-    from eto_train.config import Pairs
+    from test_pairs import cpu_pairs
     from eto_train.pairs import _pid
     from eto_train.stages.eto.pairs import build_pairs
 
@@ -262,7 +262,7 @@ def test_faulted_episodes_never_become_pairs(sleeps):
     experts = {t.task_id: expert_episode(GoalEnv(), t, PromptConfig()) for t in tasks}
     explored, _ = play([WorkItem(t, s) for t in tasks for s in range(2)], retries=1)
     continuations, _ = play([WorkItem(t, 0, ("go",)) for t in tasks], retries=1, policy=RandomPolicy(1))
-    pc = Pairs(contrast="mixture", chosen="both", extra_turns=5, rejected_cut="expert_length",
+    pc = cpu_pairs(contrast="mixture", chosen="both", extra_turns=5, rejected_cut="expert_length",
                step_positions="first_divergence", step_samples=2, mixture_step_fraction=1.0)
     pairs, _ = build_pairs(pc, experts, explored, continuations, seed=0)
     assert {p.kind for p in pairs} == {"trajectory", "step", "self"}

@@ -27,6 +27,18 @@ def actions_of(msgs):
 EXPERT = ep(["a", "b", "c"], 1.0)
 
 
+def cpu_pairs(**keys):
+    """The ``eto.pairs`` section of the CPU profile (configs/eto/cpu.yaml: the home of its values) with ``keys``
+    over it."""
+    from omegaconf import OmegaConf
+
+    from eto_train import layout
+    from eto_train.config import Pairs
+
+    return Pairs.model_validate({**OmegaConf.to_container(OmegaConf.load(layout.CONFIGS / "eto" / "cpu.yaml").pairs),
+                                 **keys})
+
+
 def test_lower_agent_reward_is_rejected_and_expert_chosen():
     agent = ep(["a", "x", "y"], 0.5, policy="pi@1", status="max_steps")
     p = trajectory_pair(EXPERT, agent)
@@ -153,10 +165,9 @@ def env_ep(env, actions, score, policy="expert"):
 
 def built(rule, expert, agent):
     """(pairs, stats) of the pairs stage for one expert and one explored episode."""
-    from eto_train.config import Pairs
     from eto_train.stages.eto.pairs import build_pairs
 
-    pc = Pairs(contrast="trajectory", chosen="expert", extra_turns=5, rejected_cut="expert_length", expert_reward=rule)
+    pc = cpu_pairs(contrast="trajectory", chosen="expert", extra_turns=5, rejected_cut="expert_length", expert_reward=rule)
     return build_pairs(pc, {expert.task_id: expert}, [agent], [], seed=0)
 
 

@@ -13,10 +13,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from test_pairs import ep  # tests/test_pairs.py: hand-built episodes
+from test_pairs import (
+    cpu_pairs,
+    ep,  # tests/test_pairs.py: hand-built episodes
+)
 from test_pipeline import ROOT, TOY
 
-from eto_train.config import Pairs
 from eto_train.envs.base import Task
 from eto_train.pairs import ValueState, step_value_pair, value_sides, value_states
 from eto_train.rollouts.loop import WorkItem
@@ -59,7 +61,7 @@ def test_no_pair_within_the_margin_when_the_agent_is_better_or_acts_as_the_exper
 
 
 def test_build_pairs_values_each_side_by_its_continuations_and_leaves_environment_failures_out():
-    pc = Pairs(contrast="step_value", value_rollouts=2, value_margin=0.1)
+    pc = cpu_pairs(contrast="step_value", value_rollouts=2, value_margin=0.1)
     conts = [value_ep(1, "agent", "x", 0, 0.0), value_ep(1, "agent", "x", 1, 0.5),
              value_ep(1, "expert", "b", 0, 1.0), value_ep(1, "expert", "b", 1, 0.0, status="environment_failure")]
     pairs, stats = build_pairs(pc, {"g/train/1": EXPERT}, [AGENT], conts, seed=0)
@@ -106,7 +108,7 @@ def test_states_and_which_side_needs_continuations():
 
 
 def test_build_pairs_values_an_action_that_ends_the_episode_without_continuations():
-    pc = Pairs(contrast="step_value", value_rollouts=2, value_margin=0.1)
+    pc = cpu_pairs(contrast="step_value", value_rollouts=2, value_margin=0.1)
     last = ep(["a", "b", "q"], 0.0, policy="pi@1", eid="agent-2")
     last.env_params = {"max_steps": 6}
     pairs, stats = build_pairs(pc, {"g/train/1": EXPERT}, [last], [], seed=0)

@@ -462,23 +462,23 @@ class EvalSection(Section):
 
 # eto ----------------------------------------------------------------------------------------------
 class Explore(Section):
-    split: Text() = "train"
-    tasks_per_game: Int(ge=1, null="every training task") = None
-    samples: Int(ge=1, when=" (episodes per task)") = 1
+    split: Text()
+    tasks_per_game: Int(ge=1, null="every training task")
+    samples: Int(ge=1, when=" (episodes per task)")
     rollout: Part(RolloutSection, "overrides of rollout.* for exploration") = Field(default_factory=RolloutSection)
 
 
 class Pairs(Section):
-    contrast: Choice(CONTRASTS) = "trajectory"
-    chosen: Choice(CHOSEN) = "expert"
-    extra_turns: Int(ge=0, null="the rejected side is not cut") = 5
-    rejected_cut: Choice(REJECTED_CUTS) = "expert_length"
-    expert_reward: Choice(EXPERT_REWARDS) = "file"
-    step_positions: Choice(STEP_POSITIONS) = "first_divergence"
-    step_samples: Int(ge=1) = 2
-    mixture_step_fraction: Num(ge=0, le=1) = 0.5
-    value_rollouts: Int(ge=1, when=" (sampled continuations per action and state, contrast=step_value)") = 4
-    value_margin: Num(ge=0, le=1) = 0.1
+    contrast: Choice(CONTRASTS)
+    chosen: Choice(CHOSEN)
+    extra_turns: Int(ge=0, null="the rejected side is not cut")
+    rejected_cut: Choice(REJECTED_CUTS)
+    expert_reward: Choice(EXPERT_REWARDS)
+    step_positions: Choice(STEP_POSITIONS)
+    step_samples: Int(ge=1)
+    mixture_step_fraction: Num(ge=0, le=1)
+    value_rollouts: Int(ge=1, when=" (sampled continuations per action and state, contrast=step_value)")
+    value_margin: Num(ge=0, le=1)
 
 
 def is_test_name(split: str) -> bool:
@@ -486,13 +486,13 @@ def is_test_name(split: str) -> bool:
 
 
 class ETOSection(Section):
-    iterations: Int(ge=1) = 3
-    early_stopping: Flag = True
-    min_improvement: Num(ge=0) = 0.0
-    dev_split: Text(null="no dev evaluation") = "dev"
-    test_last_iteration: Flag = False  # the last iteration on the test splits too when dev kept another
-    explore: Part(Explore, "{split, tasks_per_game, samples, rollout}") = Field(default_factory=Explore)
-    pairs: Part(Pairs, "{contrast, chosen, extra_turns, ...}") = Field(default_factory=Pairs)
+    iterations: Int(ge=1)
+    early_stopping: Flag
+    min_improvement: Num(ge=0)
+    dev_split: Text(null="no dev evaluation")
+    test_last_iteration: Flag
+    explore: Part(Explore, "{split, tasks_per_game, samples, rollout}")
+    pairs: Part(Pairs, "{contrast, chosen, extra_turns, ...}")
     dpo: Part(DPOSection, "DPOConfig arguments under TRL's names")
 
     @model_validator(mode="after")
@@ -829,7 +829,7 @@ class Config(Section):
     bc: Part(BCSection, "SFTConfig arguments under TRL's names (configs/bc)")
     rollout: Part(RolloutSection, "rollout settings (configs/rollout)") = Field(default_factory=RolloutSection)
     eval: Part(EvalSection, "{policy, tag, splits, rollout}")
-    eto: Part(ETOSection, "the ETO loop (configs/eto)") = Field(default_factory=ETOSection)
+    eto: Part(ETOSection, "the ETO loop (configs/eto)")
     pretrain: Part(PretrainSection, "pretraining (configs/pretrain)") = None
     prompt: Part(PromptSection, "a prompt profile (configs/prompt)") = Field(default_factory=PromptSection)
     compare: Part(CompareSection, "{arms, variants, control, control_of, splits, bootstrap}")
