@@ -158,7 +158,7 @@ def train_cfg(kind: str, o, lr: float, ckpt: bool) -> dict:
               # per-step token counts in the logs (step_rate): any TRL argument goes into the section
               "include_num_input_tokens_seen": "non_padding"}
     if kind == "sft":
-        return {**common, "weight_decay": 0.0}
+        return {**common, "weight_decay": 0.0, "only_success": True}
     return {**common, "beta": 0.1, "loss_type": ["sigmoid"], "loss_weights": None, "precompute_ref_log_probs": True}
 
 
