@@ -107,11 +107,10 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResul
             "grad_accum": t.trainer.args.gradient_accumulation_steps, "control_of": variant_dir.name,
             "dpo_optimizer_steps": steps, "dpo_effective_batch": eb, "dpo_examples": eb * steps,
             "conversations": t.rows, "lora": bool(cfg.model.lora), "trainable_parameters": t.trainable_parameters})
-    trained = t
-    if trained.metrics:
+    if t.metrics:
         console.print(f"[{stage.name}] SFT on the {variant_dir.name} variant's {len(chosen)} chosen sides: "
-                      f"{trained.optimizer_steps} steps x {trained.effective_batch} examples "
-                      f"(as its DPO), loss {trained.metrics['train_loss']:.4f} -> {layout.policy(out)}")
+                      f"{t.optimizer_steps} steps x {t.effective_batch} examples "
+                      f"(as its DPO), loss {t.metrics['train_loss']:.4f} -> {layout.policy(out)}")
     return str(layout.policy(out))
 
 
