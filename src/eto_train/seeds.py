@@ -129,18 +129,16 @@ def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) ->
         if stage == "compare":
             res = _read(layout.compare_file(runs.compare, ".json"))
             evals = {n: Path(p) for n, p in res["evaluations"].items()}
-            if untuned is not None:  # the model before BC, the same episodes for every seed
+            if untuned is not None:  # the model before BC, the same episodes for every seed: a row like an arm's
                 evals[UNTUNED] = untuned
                 for split, table in res["splits"].items():
-                    if layout.episodes(untuned, split).exists():
-                        base = layout.episodes(evals["bc"], split)
-                        add(UNTUNED, split, "vs_bc", k, {"diff": _mean(paired_diffs(successes(base), successes(
-                            layout.episodes(untuned, split))))}, base, layout.episodes(untuned, split))
-                        table = {**table, UNTUNED: {"success": _mean(list(map(float, successes(
-                            layout.episodes(untuned, split)).values())))}}
-                        res["splits"][split] = table
-                        res.setdefault("behaviour", {}).setdefault(split, {})[UNTUNED] = behaviour(
-                            layout.episodes(untuned, split))
+                    episodes = layout.episodes(untuned, split)
+                    if episodes.exists():
+                        won = successes(episodes)
+                        diffs = paired_diffs(successes(layout.episodes(evals["bc"], split)), won)
+                        table[UNTUNED] = {"success": _mean([float(v) for v in won.values()]),
+                                          "vs_bc": {"diff": _mean(diffs)}}
+                        res.setdefault("behaviour", {}).setdefault(split, {})[UNTUNED] = behaviour(episodes)
             for split, table in res["splits"].items():
                 for arm, r in table.items():
                     for vs, against in (("vs_bc", "bc"), ("vs_control", "control")):
