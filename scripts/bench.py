@@ -198,11 +198,13 @@ def check_bench(cfg) -> BenchConfig:
         raise ConfigError(lines) from None
 
 
-def _rollouts(work, env_cfg, policy, ref, prompt, batch, overlap):
+def _rollouts(work, env_cfg, policy, ref, prompt, batch, rollout):
+    """``work`` played ``batch`` episodes at a time with the rest of ``rollout``'s (cfg.rollout's) engine settings."""
     eps = []
     t0 = time.perf_counter()
     run_rollouts(work, lambda: make_env(env_cfg), policy, ref, prompt,
-                 RolloutConfig(batch_size=batch, overlap_env=overlap), on_episode=eps.append)
+                 RolloutConfig(batch_size=batch, env_retries=rollout.env_retries, seed=0,
+                               overlap_env=rollout.overlap_env), on_episode=eps.append)
     return time.perf_counter() - t0, eps
 
 
@@ -229,7 +231,7 @@ def _rollout(cfg, policy, ref, work, env_cfg, prompt) -> tuple[dict, list]:
         for n in threads:
             torch.set_num_threads(n)
             for mode, batch, pol in modes[r % len(modes):] + modes[:r % len(modes)]:
-                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, batch, cfg.rollout.overlap_env)
+                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, batch, cfg.rollout)
                 runs[n, mode].append((s, sum(e.num_steps for e in eps)))
                 actions[mode].append(episode_actions(eps))
                 outputs[mode].append(episode_outputs(eps))
@@ -619,7 +621,7 @@ def _vllm_measure(cfg) -> dict:
         for r in range(b.repeats):
             order = [("kv_engine", kv), ("vllm", engine)]
             for name, pol in order if r % 2 == 0 else order[::-1]:  # alternated: drift hits both
-                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, b.episodes, cfg.rollout.overlap_env)
+                s, eps = _rollouts(work, env_cfg, pol, ref, prompt, b.episodes, cfg.rollout)
                 runs[name].append({"seconds": s, "steps": sum(e.num_steps for e in eps),
                                    "outputs": episode_outputs(eps), "actions": episode_actions(eps),
                                    "rewards": {e.task_id: [st.reward for st in e.steps] for e in eps}})

@@ -182,7 +182,8 @@ def rollouts(real, env: str, out: Path) -> dict:
             pol, eps = engines[name](), []
             t0 = time.perf_counter()
             run_rollouts(work, lambda: make_env(env_cfg), pol, ref, prompt,
-                         RolloutConfig(batch_size=real.batch), on_episode=eps.append)
+                         RolloutConfig(batch_size=real.batch, env_retries=cfg.rollout.env_retries, seed=0,
+                                       overlap_env=cfg.rollout.overlap_env), on_episode=eps.append)
             s = time.perf_counter() - t0
             steps = [st for e in eps for st in e.steps]
             run = {"seconds": s, "episodes": len(eps), "steps": len(steps), "outputs": episode_outputs(eps),

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from pydantic import BaseModel
 
 from eto_train import layout
-from eto_train.config import load
+from eto_train.config import _Overrides, load
 
 
 def homes(obj: BaseModel, path: list[str], same: list, diff: list) -> None:
@@ -22,9 +22,10 @@ def homes(obj: BaseModel, path: list[str], same: list, diff: list) -> None:
         v, f = getattr(obj, k), fields[k]
         if isinstance(v, BaseModel):
             homes(v, [*path, k], same, diff)
-        elif not f.is_required():
+        elif not f.is_required() and not isinstance(obj, _Overrides):  # an override's unset is "the other's"
             d = f.get_default(call_default_factory=True)
-            (same if d == v else diff).append((".".join([*path, k]), d, v))
+            if d is not None:  # an optional key's null default is its absence (the library's default), no value
+                (same if d == v else diff).append((".".join([*path, k]), d, v))
 
 
 def main(argv: list[str]) -> None:

@@ -23,17 +23,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def play(model, tok, env_cfg, work, batch: int, engine: str, max_new_tokens: int, max_context: int):
+    from eto_train.config import shipped
     from eto_train.envs import make_env
-    from eto_train.prompting import PromptConfig
     from eto_train.records import PolicyRef
-    from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import Policy, RolloutConfig, run_rollouts
 
-    policy = Policy(model, tok, GenerationConfig(max_new_tokens=max_new_tokens), max_context)
+    cfg = shipped()  # the CPU profiles' settings (configs/), the probe's own over them
+    gen = cfg.rollout.generation.model_copy(update={"max_new_tokens": max_new_tokens})
+    policy = Policy(model, tok, gen, max_context)
     if engine == "generate":
         policy.session = lambda: None  # the loop then answers whole conversations with HF generate
     eps = []
-    run_rollouts(work, lambda: make_env(env_cfg), policy, PolicyRef(id="probe@0"), PromptConfig(),
-                 RolloutConfig(batch_size=batch), on_episode=eps.append)
+    run_rollouts(work, lambda: make_env(env_cfg), policy, PolicyRef(id="probe@0"), cfg.prompt.prompt_config(),
+                 RolloutConfig(batch_size=batch, env_retries=cfg.rollout.env_retries, seed=0,
+                               overlap_env=cfg.rollout.overlap_env), on_episode=eps.append)
     return {e.task_id: [s.raw_output for s in e.steps] for e in eps}
 
 

@@ -136,9 +136,9 @@ def build(out: Path, size: str, env_cfg: dict, n_experts: int):
 
     from eto_train.envs import make_env
     from eto_train.experts import expert_episode
-    from eto_train.prompting import PromptConfig
+    from eto_train.config import shipped
 
-    prompt = PromptConfig()
+    prompt = shipped().prompt.prompt_config()  # configs/prompt/react.yaml
     env = make_env(env_cfg)
     tasks = env.tasks("train")[:n_experts]
     experts = [expert_episode(env, t, prompt) for t in tasks]
@@ -364,8 +364,8 @@ def memory(o) -> dict:
 
 def rollouts(policy_obj, env_cfg, rows: int, sync) -> dict:
     """One batch of ``rows`` episodes (one per task) with ``rows`` parallel rows."""
+    from eto_train.config import shipped
     from eto_train.envs import make_env
-    from eto_train.prompting import PromptConfig
     from eto_train.records import PolicyRef
     from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
@@ -374,8 +374,10 @@ def rollouts(policy_obj, env_cfg, rows: int, sync) -> dict:
     lister.close()
     timed, eps = TimedPolicy(policy_obj, sync), []
     t0 = time.perf_counter()
-    run_rollouts([(t, 0) for t in tasks], lambda: make_env(env_cfg), timed, PolicyRef(id="smoke"), PromptConfig(),
-                 RolloutConfig(batch_size=rows), on_episode=eps.append)
+    cfg = shipped()  # configs/: the react prompt, the engine's retries
+    run_rollouts([(t, 0) for t in tasks], lambda: make_env(env_cfg), timed, PolicyRef(id="smoke"),
+                 cfg.prompt.prompt_config(), RolloutConfig(batch_size=rows, env_retries=cfg.rollout.env_retries, seed=0,
+                                                           overlap_env=False), on_episode=eps.append)
     wall = time.perf_counter() - t0
     steps = sum(e.num_steps for e in eps)
     return {"rows": rows, "episodes": len(eps), "steps": steps, "generated_tokens": timed.tokens, "calls": timed.calls,
@@ -384,12 +386,19 @@ def rollouts(policy_obj, env_cfg, rows: int, sync) -> dict:
             "steps_per_s": steps / wall if wall else 0.0}
 
 
+def _generation(new_tokens: int):
+    """configs/rollout/cpu.yaml's generation (greedy) with the smoke's ``new_tokens``."""
+    from eto_train.config import shipped
+
+    return shipped().rollout.generation.model_copy(update={"max_new_tokens": new_tokens})
+
+
 def rollouts_hf(o, path: Path, env_cfg, sync) -> dict:
     from eto_train.model.load import load_model, load_tokenizer
-    from eto_train.rollouts.loop import GenerationConfig, Policy
+    from eto_train.rollouts.loop import Policy
 
     policy = Policy(load_model(str(path), dtype=o.dtype, device="auto"), load_tokenizer(str(path)),
-                    GenerationConfig(max_new_tokens=o.new_tokens), 4096)
+                    _generation(o.new_tokens), 4096)
     rollouts(policy, env_cfg, min(8, o.rows[0]), sync)  # warm-up (kernels, allocator): not reported
     return {"policy": str(path), **{f"rows_{r}": rollouts(policy, env_cfg, r, sync) for r in o.rows}}
 
@@ -397,12 +406,11 @@ def rollouts_hf(o, path: Path, env_cfg, sync) -> dict:
 def rollouts_vllm(o, path: Path, env_cfg, sync) -> dict:
     import yaml
 
-    from eto_train.rollouts.loop import GenerationConfig
     from eto_train.rollouts.vllm_engine import VLLMPolicy
 
     engine = dict(yaml.safe_load((ROOT / "configs/rollout/cpu.yaml").read_text())["vllm"])  # rollout=gpu inherits it
     t0 = time.perf_counter()
-    policy = VLLMPolicy.from_checkpoint(str(path), GenerationConfig(max_new_tokens=o.new_tokens), 4096,
+    policy = VLLMPolicy.from_checkpoint(str(path), _generation(o.new_tokens), 4096,
                                         dtype="bfloat16", **engine)
     start = time.perf_counter() - t0
     try:

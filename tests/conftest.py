@@ -34,9 +34,9 @@ def twx_cfg():
 
 @pytest.fixture(scope="session")
 def prompt():
-    from eto_train.prompting import PromptConfig
+    from fixture_settings import react_prompt
 
-    return PromptConfig()
+    return react_prompt()
 
 
 @pytest.fixture(scope="session")

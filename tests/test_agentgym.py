@@ -16,6 +16,7 @@ from eto_train.envs import EnvironmentFailure, EnvironmentTimeout
 from eto_train.envs.agentgym import AgentGymEnv
 from served_env import ServedRun
 from test_openenv import Server
+from fixture_settings import react_prompt, rollout_config
 
 SERVER = Path(__file__).resolve().parent / "agentgym_server.py"
 
@@ -169,9 +170,8 @@ def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(serv
 def test_a_batch_of_64_over_4_connections_loses_no_episode(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from eto_train.prompting import PromptConfig
     from eto_train.records import PolicyRef
-    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import run_rollouts
     from test_env_workers import HashPolicy
 
     server = AgentGymServer(tmp_path, "webshop", "--delay", "0.005", "--drop-every", "17")
@@ -181,8 +181,8 @@ def test_a_batch_of_64_over_4_connections_loses_no_episode(tmp_path):
         make = lambda: AgentGymEnv(**cfg)  # noqa: E731
         tasks = make().tasks("train")
         episodes = []
-        run_rollouts([(t, 0) for t in tasks], make, HashPolicy(), PolicyRef(id="p@0"), PromptConfig(),
-                     RolloutConfig(batch_size=64, env_retries=5), on_episode=episodes.append)
+        run_rollouts([(t, 0) for t in tasks], make, HashPolicy(), PolicyRef(id="p@0"), react_prompt(),
+                     rollout_config(batch_size=64, env_retries=5), on_episode=episodes.append)
         ids = sorted(e.task_id for e in episodes)
         assert ids == sorted(t.task_id for t in tasks)  # every episode, none twice
         assert all(e.status != "environment_failure" for e in episodes)

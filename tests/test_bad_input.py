@@ -16,6 +16,7 @@ from eto_train.pairs import Pair, PairsPolicyError, check_pairs_policy, read_pai
 from eto_train.prompting import ContextTruncationWarning, fit_prompt
 from eto_train.records import Episode, PolicyRef, RecordError, Step
 from eto_train.store import append_episodes, read_episodes
+from fixture_settings import react_prompt, rollout_config, generation
 
 
 def make_episode(i: int = 0, action: str | None = "go", status: str = "success") -> Episode:
@@ -83,8 +84,7 @@ def test_empty_action_in_an_episode_record_names_the_step(tmp_path, action):
 def test_empty_action_in_a_model_output_is_an_invalid_step_not_a_crash():
     from test_faults import GoalEnv
 
-    from eto_train.prompting import PromptConfig
-    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import run_rollouts
 
     class Empty:
         def generate(self, convs):
@@ -92,11 +92,11 @@ def test_empty_action_in_a_model_output_is_an_invalid_step_not_a_crash():
 
     eps = []
     task = GoalEnv().tasks("train")[0]
-    run_rollouts([(task, 0)], GoalEnv, Empty(), PolicyRef(id="p@0"), PromptConfig(), RolloutConfig(batch_size=1),
+    run_rollouts([(task, 0)], GoalEnv, Empty(), PolicyRef(id="p@0"), react_prompt(), rollout_config(batch_size=1),
                  on_episode=eps.append)
     (ep,) = eps
     assert ep.status == "max_steps" and all(s.action is None and not s.valid for s in ep.steps)
-    assert ep.steps[0].observation == PromptConfig().invalid_format  # the model is told, and it is on record
+    assert ep.steps[0].observation == react_prompt().invalid_format  # the model is told, and it is on record
 
 
 # -- ETO-format trajectory files --------------------------------------------------------------
@@ -210,9 +210,9 @@ def test_overlong_observation_is_truncated_with_a_warning_and_counted(small_mode
 
 
 def test_rollout_prompt_truncation_warns_and_is_counted(small_model):
-    from eto_train.rollouts.loop import GenerationConfig, Policy
+    from eto_train.rollouts.loop import Policy
 
-    pol = Policy(load_model(str(small_model)), load_tokenizer(str(small_model)), GenerationConfig(max_new_tokens=8),
+    pol = Policy(load_model(str(small_model)), load_tokenizer(str(small_model)), generation(max_new_tokens=8),
                  max_context=128)
     conv = [{"role": "system", "content": "Act."}, {"role": "user", "content": "Task: go\nObservation: x"},
             {"role": "assistant", "content": "Action: go"}, {"role": "user", "content": "a room " * 400}]

@@ -12,19 +12,20 @@ from hydra import compose, initialize_config_dir
 
 from eto_train import layout
 from eto_train.config import ConfigError
+from fixture_settings import generation
 
 sys.path.insert(0, str(layout.REPO_ROOT / "scripts"))
 from benchmarks import (compare_episodes, comparable_episodes, manifest_seconds, policy_budget,  # noqa: E402
                         simulator_of, spread, step_envs)
 from eto_train.envs import StepResult, Task, make_env
 from eto_train.model.load import load_model, load_tokenizer
-from eto_train.rollouts.loop import GenerationConfig, Policy
+from eto_train.rollouts.loop import Policy
 
 
 def test_batched_generate_answers_each_conversation_as_it_answers_it_alone(tiny_model_dir):
     """The batched HF generate baseline (left padding, masked) gives each row what one row alone gets."""
     policy = Policy(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)),
-                    GenerationConfig(max_new_tokens=6))
+                    generation(max_new_tokens=6))
     sys_ = {"role": "system", "content": "Actions: take, put"}
     convs = [[sys_, {"role": "user", "content": "Task: sort\nObservation: " + "a box and a key " * n}]
              for n in (1, 6, 3)]  # three lengths: two rows are padded

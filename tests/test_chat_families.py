@@ -20,11 +20,12 @@ from eto_train.export import export_training_data
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.records import PolicyRef, to_messages
 from eto_train.rollouts.kvbatch import KVBatch
-from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts, stop_token_ids
+from eto_train.rollouts.loop import Policy, run_rollouts, stop_token_ids
 from eto_train.store import write_jsonl
 from eto_train.training.dpo import tokenize_pair
 from eto_train.training.masks import assistant_token_mask
 from eto_train.training.sft import conversation_dataset, make_trainer, sft_arguments
+from fixture_settings import rollout_config, generation
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 
@@ -155,7 +156,7 @@ def test_kv_engine_keeps_its_cache_across_turns_of_a_real_template(family_dirs, 
 def test_rollouts_equal_generate_on_the_whole_conversation_and_export_round_trips(
         family_dirs, family, twx_cfg, prompt, tmp_path):
     tok, model = tokenizer(family_dirs, family), load_model(str(family_dirs[family]))
-    policy = Policy(model, tok, GenerationConfig(max_new_tokens=8), max_context=2048)
+    policy = Policy(model, tok, generation(max_new_tokens=8), max_context=2048)
     cfg = {**twx_cfg, "step_limit": 3}
     tasks = make_env(cfg).tasks("seen")[:3]
     ref = PolicyRef(id=f"{family}@fixture", path=str(family_dirs[family]), weights_sha256="")
@@ -163,7 +164,7 @@ def test_rollouts_equal_generate_on_the_whole_conversation_and_export_round_trip
     def play(p):
         eps = []
         run_rollouts([(t, 0) for t in tasks], lambda: make_env(cfg), p, ref, prompt,
-                     RolloutConfig(batch_size=2), eps.append)
+                     rollout_config(batch_size=2), eps.append)
         return sorted(eps, key=lambda e: e.task_id)
 
     class WholeConversation:  # the same policy without a session: HF generate on every whole prompt

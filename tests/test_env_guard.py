@@ -18,15 +18,15 @@ import pytest
 
 import misbehaving_env
 from eto_train import cli
-from eto_train.envs import AdapterContractError, AdapterError, EnvironmentTimeout, make_env
-from eto_train.prompting import PromptConfig
+from eto_train.envs import AdapterContractError, make_env
 from eto_train.records import PolicyRef
-from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import run_rollouts
 from test_pipeline import ROOT, TOY
+from fixture_settings import env_common, react_prompt, rollout_config
 
 TOY_NO_ENV = [o for o in TOY if not o.startswith("env.")]
 ADAPTER = "misbehaving_env:BadLamps"
-SECTION = {**misbehaving_env.Config(adapter=ADAPTER).model_dump(mode="json")}
+SECTION = {**misbehaving_env.Config(adapter=ADAPTER, **env_common()).model_dump(mode="json")}
 
 
 class Scripted:
@@ -74,7 +74,7 @@ def play(cfg: dict, action: str, split: str = "seen", retries: int = 0) -> list:
         lister.close()
     episodes: list = []
     run_rollouts([(t, 0) for t in tasks], lambda: make_env(cfg), Scripted(action), PolicyRef(id="scripted@0"),
-                 PromptConfig(), RolloutConfig(batch_size=2, env_retries=retries), on_episode=episodes.append)
+                 react_prompt(), rollout_config(batch_size=2, env_retries=retries), on_episode=episodes.append)
     return episodes
 
 

@@ -19,11 +19,11 @@ from eto_train.envs import EnvironmentFailure, EnvironmentTimeout, make_env
 from eto_train.envs.faults import INJECTED, fault_mark, new_play
 from eto_train.envs.workers import FaultyWorkerEnv, WorkerEnv, WorkerPool, live_worker_pids
 from eto_train.model.load import load_model, load_tokenizer, policy_ref
-from eto_train.prompting import PromptConfig
 from eto_train.records import PolicyRef
-from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
+from eto_train.rollouts.loop import Policy, RolloutConfig, WorkItem, run_rollouts
 
 import goal_env
+from fixture_settings import react_prompt, rollout_config, generation
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = {"timeout": {"rate": 0.08, "seed": 0}, "crash": {"rate": 0.08, "seed": 1},
@@ -92,7 +92,7 @@ def _rollout(work, make, policy, cfg: RolloutConfig, seen: dict[int, str] | None
         eps.append(ep)
         if seen is not None:
             seen.update(_descendants())
-    run_rollouts(work, make, policy, REF, PromptConfig(), cfg, on_episode=on_episode)
+    run_rollouts(work, make, policy, REF, react_prompt(), cfg, on_episode=on_episode)
     return eps
 
 
@@ -115,8 +115,8 @@ def test_twx_episodes_and_faults_are_the_same_with_workers(tiny_model_dir, twx_c
         def on_episode(ep):
             eps.append(ep)
             seen.update(_descendants())
-        run_rollouts(work, lambda: make_env(env_cfg), Policy(model, tok, GenerationConfig(max_new_tokens=8)), ref,
-                     prompt, RolloutConfig(batch_size=5, env_retries=2, overlap_env=overlap), on_episode=on_episode)
+        run_rollouts(work, lambda: make_env(env_cfg), Policy(model, tok, generation(max_new_tokens=8)), ref,
+                     prompt, rollout_config(batch_size=5, env_retries=2, overlap_env=overlap), on_episode=on_episode)
         events = [(e.task_id, e.call, e.attempt, e.kind, e.where) for e in INJECTED[mark:]]
         return _same(eps), events, set(seen) - set(before)
 
@@ -141,9 +141,9 @@ def test_sciworld_episodes_are_the_same_with_workers(prompt):
 
     policy = HashPolicy(("look around", "open door to kitchen", "go to kitchen", "inventory", "focus on sky"))
     before = _descendants()
-    eps0 = _rollout(work, lambda: make_env({**cfg, "workers": 0}), policy, RolloutConfig(batch_size=3))
+    eps0 = _rollout(work, lambda: make_env({**cfg, "workers": 0}), policy, rollout_config(batch_size=3))
     seen: dict[int, str] = {}
-    eps2 = _rollout(work, lambda: make_env({**cfg, "workers": 2}), policy, RolloutConfig(batch_size=3), seen)
+    eps2 = _rollout(work, lambda: make_env({**cfg, "workers": 2}), policy, rollout_config(batch_size=3), seen)
     assert len(eps0) == 3 and _same(eps2) == _same(eps0)
     assert {e.num_steps for e in eps0} == {3} and all(not e.env_errors for e in eps0)
     spawned = set(seen) - set(before)
@@ -164,9 +164,9 @@ def test_a_worker_that_raises_is_an_environment_failure_as_in_process(monkeypatc
     failure, exactly as in process; the message carries the worker's traceback."""
     monkeypatch.setattr("eto_train.rollouts.loop.time.sleep", lambda s: None)
     work = [(t, 0) for t in GoalEnv().tasks("train")]
-    in_process = _rollout(work, CrashyGoalEnv, HashPolicy(), RolloutConfig(batch_size=4, env_retries=2))
+    in_process = _rollout(work, CrashyGoalEnv, HashPolicy(), rollout_config(batch_size=4, env_retries=2))
     with WorkerPool(CrashyGoalEnv, 2) as pool:
-        hosted = _rollout(work, pool.env, HashPolicy(), RolloutConfig(batch_size=4, env_retries=2))
+        hosted = _rollout(work, pool.env, HashPolicy(), rollout_config(batch_size=4, env_retries=2))
         assert len(pool.pids()) == 2  # a raising environment does not take its worker down
     by_seed = {e.seed: e for e in hosted}
     failed = by_seed[3]
@@ -187,10 +187,10 @@ def _untraced(records):
 def test_a_non_environment_error_in_a_worker_stops_the_rollout_as_in_process():
     work = [(t, 0) for t in GoalEnv().tasks("train")[:4]]
     with pytest.raises(ValueError, match="no such variation 2"):
-        _rollout(work, BadDataGoalEnv, HashPolicy(), RolloutConfig(batch_size=2))
+        _rollout(work, BadDataGoalEnv, HashPolicy(), rollout_config(batch_size=2))
     with WorkerPool(BadDataGoalEnv, 2) as pool:
         with pytest.raises(ValueError, match=r"no such variation 2 \[in env worker \d .*the worker's traceback"):
-            _rollout(work, pool.env, HashPolicy(), RolloutConfig(batch_size=2))
+            _rollout(work, pool.env, HashPolicy(), rollout_config(batch_size=2))
         pids = pool.pids()
     assert not _wait_gone(pids)
 
@@ -216,7 +216,7 @@ def test_a_worker_killed_mid_rollout_is_recovered_by_replay(monkeypatch):
     fresh one (replay) and end as a fault-free run's, their env_errors naming the worker."""
     monkeypatch.setattr("eto_train.rollouts.loop.time.sleep", lambda s: None)
     work = [(t, 0) for t in GoalEnv().tasks("train")]
-    clean = _rollout(work, GoalEnv, HashPolicy(), RolloutConfig(batch_size=4))
+    clean = _rollout(work, GoalEnv, HashPolicy(), rollout_config(batch_size=4))
     with WorkerPool(GoalEnv, 2) as pool:
         killed = []
 
@@ -225,7 +225,7 @@ def test_a_worker_killed_mid_rollout_is_recovered_by_replay(monkeypatch):
                 killed.append(pool.pids()[0])
                 os.kill(killed[0], signal.SIGKILL)
         eps = []
-        run_rollouts(work, pool.env, HashPolicy(), REF, PromptConfig(), RolloutConfig(batch_size=4, env_retries=1),
+        run_rollouts(work, pool.env, HashPolicy(), REF, react_prompt(), rollout_config(batch_size=4, env_retries=1),
                      on_episode=eps.append, on_step=on_step)
     hit = [e for e in eps if e.env_errors]
     assert hit and all(f"env worker 0 (pid {killed[0]}) died" in e.env_errors[0] for e in hit)
@@ -256,7 +256,7 @@ def test_workers_stop_when_the_rollout_is_interrupted():
         raise KeyboardInterrupt
 
     with pool, pytest.raises(KeyboardInterrupt):
-        run_rollouts(work, pool.env, HashPolicy(), REF, PromptConfig(), RolloutConfig(batch_size=4),
+        run_rollouts(work, pool.env, HashPolicy(), REF, react_prompt(), rollout_config(batch_size=4),
                      on_episode=on_episode)
     assert len(set(seen)) == 2 and not _wait_gone(seen)
 
@@ -273,7 +273,7 @@ def test_twx_interrupted_rollout_leaves_no_worker_or_jvm(twx_cfg):
 
     with pytest.raises(KeyboardInterrupt):
         run_rollouts(work, lambda: make_env({**twx_cfg, "workers": 2}), HashPolicy(("look around", "inventory")),
-                     REF, PromptConfig(), RolloutConfig(batch_size=4), on_episode=on_episode)
+                     REF, react_prompt(), rollout_config(batch_size=4), on_episode=on_episode)
     spawned = set(seen) - set(before)
     assert sum("java" in seen[p] for p in spawned) == 2 and len(spawned) == 4  # 2 workers, a JVM each
     assert not _wait_gone(spawned) and not live_worker_pids()
@@ -332,10 +332,10 @@ def test_work_items_with_an_expert_prefix_play_the_same_with_workers(monkeypatch
     faults = FaultConfig.from_dict(FAULTS)
     l0, l2 = FaultLedger(), FaultLedger()
     in_process = _rollout(work, lambda: FaultyEnv(GoalEnv(), faults, l0), HashPolicy(),
-                          RolloutConfig(batch_size=6, env_retries=2))
+                          rollout_config(batch_size=6, env_retries=2))
     with WorkerPool(GoalEnv, 2) as pool:
         hosted = _rollout(work, lambda: FaultyWorkerEnv(pool.env(), faults, l2), HashPolicy(),
-                          RolloutConfig(batch_size=6, env_retries=2))
+                          rollout_config(batch_size=6, env_retries=2))
     assert l0.events and l2.events == l0.events
     assert _same(hosted) == _same(in_process)
 
@@ -364,8 +364,8 @@ with interruptible():
     lister = make_env(cfg)
     work = [(t, 0) for t in lister.tasks("train")]
     lister.close()
-    run_rollouts(work, lambda: make_env(cfg), Slow(), PolicyRef(id="slow"), PromptConfig(),
-                 RolloutConfig(batch_size=4), on_episode=lambda ep: None, on_step=on_step)
+    run_rollouts(work, lambda: make_env(cfg), Slow(), PolicyRef(id="slow"), react_prompt(),
+                 rollout_config(batch_size=4), on_episode=lambda ep: None, on_step=on_step)
 """
 
 

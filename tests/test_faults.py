@@ -21,11 +21,11 @@ from eto_train.envs.faults import (
     wrap_faults,
 )
 from eto_train.experts import expert_episode
-from eto_train.prompting import PromptConfig
 from eto_train.records import NOT_POLICY_FAULT, PolicyRef
-from eto_train.rollouts.loop import RolloutConfig, WorkItem, run_rollouts
+from eto_train.rollouts.loop import WorkItem, run_rollouts
 
 from goal_env import GoalEnv
+from fixture_settings import react_prompt, rollout_config
 
 class RandomPolicy:
     """Says 'go' or 'wait' at random (seeded): a policy that wins, loses and half-wins."""
@@ -59,8 +59,8 @@ def play(work, faults=FAULTS, retries=1, batch=4, ledger=None, policy=None):
     ledger = ledger if ledger is not None else FaultLedger()
     cfg = FaultConfig.from_dict(faults)
     eps = []
-    run_rollouts(work, lambda: FaultyEnv(GoalEnv(), cfg, ledger), policy or RandomPolicy(0), REF, PromptConfig(),
-                 RolloutConfig(batch_size=batch, env_retries=retries), on_episode=eps.append)
+    run_rollouts(work, lambda: FaultyEnv(GoalEnv(), cfg, ledger), policy or RandomPolicy(0), REF, react_prompt(),
+                 rollout_config(batch_size=batch, env_retries=retries), on_episode=eps.append)
     return eps, ledger
 
 
@@ -126,8 +126,8 @@ def test_each_play_meets_the_same_faults_whatever_ran_before_it_in_the_process(s
     def stage(policy):
         new_play()
         mark, eps = fault_mark(), []
-        run_rollouts(work, lambda: wrap_faults(GoalEnv(), FAULTS), policy, REF, PromptConfig(),
-                     RolloutConfig(batch_size=4, env_retries=3), on_episode=eps.append)
+        run_rollouts(work, lambda: wrap_faults(GoalEnv(), FAULTS), policy, REF, react_prompt(),
+                     rollout_config(batch_size=4, env_retries=3), on_episode=eps.append)
         return fault_summary(mark), sum(len(e.env_errors) for e in eps)
 
     first, met_first = stage(HashPolicy())
@@ -158,8 +158,8 @@ class ForgetfulEnv(GoalEnv):
 def test_a_replay_that_diverges_from_the_record_is_an_environment_failure(sleeps):
     ForgetfulEnv.instances = 0
     eps = []
-    run_rollouts([(GoalEnv().tasks("train")[0], 0)], ForgetfulEnv, HashPolicy(), REF, PromptConfig(),
-                 RolloutConfig(batch_size=1, env_retries=2), on_episode=eps.append)
+    run_rollouts([(GoalEnv().tasks("train")[0], 0)], ForgetfulEnv, HashPolicy(), REF, react_prompt(),
+                 rollout_config(batch_size=1, env_retries=2), on_episode=eps.append)
     (ep,) = eps
     assert ep.status == "environment_failure" and ep.num_steps == 1
     assert ep.env_errors[0] == "EnvironmentFailure: simulator died"
@@ -247,7 +247,7 @@ def test_real_garbage_from_the_simulator_is_an_environment_failure_not_an_inject
 def test_gold_path_replays_are_never_faulted():
     task = GoalEnv().tasks("train")[0]
     env = FaultyEnv(GoalEnv(), {"crash": {"rate": 1.0, "seed": 0}}, FaultLedger())
-    ep = expert_episode(env, task, PromptConfig())
+    ep = expert_episode(env, task, react_prompt())
     assert ep.success and ep.num_steps == 3 and env.ledger.events == []
     with pytest.raises(EnvironmentFailure, match="crashed"):  # a policy episode after it is faulted
         env.reset(task)
@@ -259,7 +259,7 @@ def test_faulted_episodes_never_become_pairs(sleeps):
     from eto_train.stages.eto.pairs import build_pairs
 
     tasks = GoalEnv().tasks("train")
-    experts = {t.task_id: expert_episode(GoalEnv(), t, PromptConfig()) for t in tasks}
+    experts = {t.task_id: expert_episode(GoalEnv(), t, react_prompt()) for t in tasks}
     explored, _ = play([WorkItem(t, s) for t in tasks for s in range(2)], retries=1)
     continuations, _ = play([WorkItem(t, 0, ("go",)) for t in tasks], retries=1, policy=RandomPolicy(1))
     pc = cpu_pairs(contrast="mixture", chosen="both", extra_turns=5, rejected_cut="expert_length",

@@ -27,9 +27,9 @@ import pytest
 
 from eto_train import interrupt
 from eto_train.envs import EnvironmentFailure, StepResult, Task
-from eto_train.prompting import PromptConfig
 from eto_train.records import PolicyRef
-from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import run_rollouts
+from fixture_settings import react_prompt, rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EPISODES = 12  # 6 seeds of `seen` x 2 games, played 2 at a time
@@ -185,8 +185,8 @@ def test_an_interrupted_rollout_stops_at_once_and_closes_every_environment(inter
     work = [(Task("dying", "g", "train", s, "seen"), 0) for s in range(4)]
     done = []
     with pytest.raises(KeyboardInterrupt):
-        run_rollouts(work, _DyingEnv, _Go(), PolicyRef(id="go@0"), PromptConfig(),
-                     RolloutConfig(batch_size=2, env_retries=3, overlap_env=overlap), on_episode=done.append)
+        run_rollouts(work, _DyingEnv, _Go(), PolicyRef(id="go@0"), react_prompt(),
+                     rollout_config(batch_size=2, env_retries=3, overlap_env=overlap), on_episode=done.append)
     # no retry, no fresh simulator for the failed call, no episode recorded as an environment failure
     assert len(_DyingEnv.made) == 2 and all(e.closed for e in _DyingEnv.made)
     assert done == []

@@ -6,7 +6,8 @@ import torch
 
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.rollouts.kvbatch import KVBatch, SlotCache
-from eto_train.rollouts.loop import GenerationConfig, Policy
+from eto_train.rollouts.loop import Policy
+from fixture_settings import generation
 
 
 def test_slot_cache_writes_in_place_at_each_rows_positions():
@@ -40,7 +41,7 @@ def test_kv_session_answers_what_generate_answers_on_the_whole_conversation(tiny
     """Two turns of three conversations through one persistent session, with a row leaving
     and a new one joining, give the tokens HF generate gives for each whole conversation."""
     tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
-    policy = Policy(model, tok, GenerationConfig(max_new_tokens=6))
+    policy = Policy(model, tok, generation(max_new_tokens=6))
     sys_ = {"role": "system", "content": "Actions: go, take"}
     convs = [[sys_, {"role": "user", "content": f"Task: reach room {i}\nObservation: a hall"}] for i in range(3)]
     session = policy.session()
@@ -63,7 +64,7 @@ def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_mo
     and values instead of computing them; the answers are generate's, over turns, with rows leaving,
     joining and moving between slots."""
     tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
-    policy = Policy(model, tok, GenerationConfig(max_new_tokens=6))
+    policy = Policy(model, tok, generation(max_new_tokens=6))
     head = [{"role": "system", "content": "Actions: go, take. " + "Read the map first. " * 12}]
     convs = [head + [{"role": "user", "content": f"Task: reach room {i}\nObservation: a hall {i}"}] for i in range(4)]
     shared, alone = policy.session(), KVBatch(model, tok, 6, policy.max_context, stop_ids=policy.stop_ids,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from fixture_settings import react_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPREADER = ("mapreader", "numLocations=3,maxDistanceApart=1")
@@ -107,7 +108,6 @@ def test_bad_pretrain_values_stop_the_stage_before_anything_is_written(tmp_path)
 
 def test_transcripts_gold_random_detour_deterministic_in_the_policy_layout(tmp_path):
     from eto_train.model.tiny import train_tokenizer
-    from eto_train.prompting import PromptConfig
     from eto_train.pretrain.positions import pretrain_seeds
     from eto_train.pretrain.transcripts import (GenConfig, Setting, generate, render,
                                                 shard_files, transcripts_of_task)
@@ -118,7 +118,7 @@ def test_transcripts_gold_random_detour_deterministic_in_the_policy_layout(tmp_p
                 Setting("twc", "numLocations=2,numItemsToPutAway=2,includeDoors=0")]
     gen = GenConfig()
     play = lambda: [r for s in settings for pos in (0, 1)
-                    for r in transcripts_of_task(s, "test", pos, kinds, gen, PromptConfig(), "0")]
+                    for r in transcripts_of_task(s, "test", pos, kinds, gen, react_prompt(), "0")]
     rows = play()
     assert play() == rows  # deterministic
     assert [r["kind"] for r in rows[:4]] == ["gold", "random", "detour", "detour"]

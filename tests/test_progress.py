@@ -9,8 +9,9 @@ from io import StringIO
 from rich.console import Console
 from test_rollout import FlakyEnv, ScriptedPolicy, _prompt, _ref
 
-from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import run_rollouts
 from eto_train.rollouts.progress import RolloutProgress
+from fixture_settings import rollout_config
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -19,11 +20,11 @@ def _play(console: Console | None, done: int = 0, **kw):
     work = [(t, 0) for t in FlakyEnv().tasks("train")][done:]  # the first ``done`` recorded by a killed run
     eps = []
     if console is None:
-        run_rollouts(work, FlakyEnv, ScriptedPolicy("Action: go"), _ref(), _prompt(), RolloutConfig(batch_size=2),
+        run_rollouts(work, FlakyEnv, ScriptedPolicy("Action: go"), _ref(), _prompt(), rollout_config(batch_size=2),
                      on_episode=eps.append)
         return eps, None
     with RolloutProgress("explore iter1", total=5, done=done, console=console, **kw) as bar:
-        run_rollouts(work, FlakyEnv, ScriptedPolicy("Action: go"), _ref(), _prompt(), RolloutConfig(batch_size=2),
+        run_rollouts(work, FlakyEnv, ScriptedPolicy("Action: go"), _ref(), _prompt(), rollout_config(batch_size=2),
                      on_episode=eps.append, progress=bar)
     return eps, bar
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from eto_train.prompting import PromptConfig, format_action, parse_action, system_message
+from fixture_settings import react_prompt, rollout_config
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -33,12 +34,12 @@ def test_format_action_round_trips_through_the_parser():
 
 
 def test_system_message_names_the_action_forms():
-    msg = system_message(PromptConfig(), ["take <object>", "look around"])
+    msg = system_message(react_prompt(), ["take <object>", "look around"])
     assert msg["role"] == "system" and "take <object>; look around" in msg["content"]
 
 
 # -- the paper's prompt: instruction answered "OK", one-shot example, "Observation: " prefix ------
-PAPER_LIKE = PromptConfig(system="Do the task. Braces {{x}} stay.", opening="instruction_ok",
+PAPER_LIKE = react_prompt(system="Do the task. Braces {{x}} stay.", opening="instruction_ok",
                           task_template="{task}", observation_template="Observation: {observation}",
                           example=[{"role": "user", "content": "Example task"},
                                    {"role": "assistant", "content": "Thought: t\nAction: go"},
@@ -52,7 +53,7 @@ def test_rollout_sees_opening_example_and_task_and_the_record_keeps_no_example()
     from test_faults import GoalEnv
 
     from eto_train.records import PolicyRef, to_messages
-    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import run_rollouts
 
     seen = []
 
@@ -63,7 +64,7 @@ def test_rollout_sees_opening_example_and_task_and_the_record_keeps_no_example()
 
     eps = []
     run_rollouts([(GoalEnv().tasks("train")[0], 0)], GoalEnv, Go(), PolicyRef(id="p@0"), PAPER_LIKE,
-                 RolloutConfig(batch_size=1), on_episode=eps.append)
+                 rollout_config(batch_size=1), on_episode=eps.append)
     first, last = seen[0], seen[-1]
     assert [m["content"] for m in first] == ["Do the task. Braces {x} stay.", "OK", "Example task",
                                               "Thought: t\nAction: go", "Observation: ex obs", "Action: go",
@@ -95,7 +96,7 @@ def test_expert_episodes_carry_the_same_opening_and_observation_turns():
 ])
 def test_bad_prompt_settings_name_the_key(kw, message):
     with pytest.raises(ValueError, match=message):
-        PromptConfig(**kw)
+        react_prompt(**kw)
 
 
 @pytest.mark.parametrize("name", ["react", "sciworld_eto", "alfworld_eto", "webshop_eto"])

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from eto_train.envs import EnvironmentFailure, StepResult, Task, make_env
 from eto_train.model.load import load_model, load_tokenizer, policy_ref
-from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import Policy, run_rollouts
+from fixture_settings import react_prompt, rollout_config, generation
 
 
 class ScriptedPolicy:
@@ -55,7 +56,7 @@ class FlakyEnv:
 def _run(work, make, policy, batch=2, retries=1):
     eps = []
     run_rollouts(work, make, policy, _ref(), _prompt(),
-                 RolloutConfig(batch_size=batch, env_retries=retries), on_episode=eps.append)
+                 rollout_config(batch_size=batch, env_retries=retries), on_episode=eps.append)
     return eps
 
 
@@ -65,8 +66,7 @@ def _ref():
 
 
 def _prompt():
-    from eto_train.prompting import PromptConfig
-    return PromptConfig()
+    return react_prompt()
 
 
 def test_every_task_gets_one_episode_and_batches_stay_full():
@@ -102,7 +102,7 @@ def test_batched_generation_equals_one_at_a_time(tiny_model_dir, twx_cfg, prompt
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir))
     ref = policy_ref(str(tiny_model_dir), name="tiny")
-    gen = GenerationConfig(max_new_tokens=8)
+    gen = generation(max_new_tokens=8)
     lister = make_env(twx_cfg)
     work = [(t, 0) for t in lister.tasks("seen")]
     lister.close()
@@ -110,7 +110,7 @@ def test_batched_generation_equals_one_at_a_time(tiny_model_dir, twx_cfg, prompt
     def play(batch, overlap=True):
         eps = []
         run_rollouts(work, lambda: make_env(twx_cfg), Policy(model, tok, gen), ref, prompt,
-                     RolloutConfig(batch_size=batch, overlap_env=overlap), on_episode=eps.append)
+                     rollout_config(batch_size=batch, overlap_env=overlap), on_episode=eps.append)
         return {e.task_id: [(s.raw_output, s.observation) for s in e.steps] for e in eps}
 
     batched, single, in_line = play(6), play(1), play(6, overlap=False)

@@ -17,10 +17,10 @@ import pytest
 
 from eto_train.envs import StepResult, Task
 from eto_train.model.tiny import build_tiny_model, train_tokenizer
-from eto_train.prompting import PromptConfig
 from eto_train.records import PolicyRef
-from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.rollouts.loop import Policy, run_rollouts
 from eto_train.rollouts.vllm_engine import EXTRA_HINT, VLLMPolicy, sampling_kwargs
+from fixture_settings import react_prompt, rollout_config, generation
 
 TEXTS = ["Task: reach the goal", "Observation: a long corridor with doors", "Action: go", "Action: look",
          "You see nothing special."]
@@ -60,18 +60,18 @@ def conv(turns=0):
 
 
 def test_decoding_settings_match_the_hf_policy(tok):
-    greedy = sampling_kwargs(GenerationConfig(max_new_tokens=24), tok.eos_token_id)
+    greedy = sampling_kwargs(generation(max_new_tokens=24), tok.eos_token_id)
     assert greedy == {"max_tokens": 24, "skip_special_tokens": True, "temperature": 0.0, "top_p": 1.0,
                       "stop_token_ids": [tok.eos_token_id]}
-    sampled = sampling_kwargs(GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9), 5)
+    sampled = sampling_kwargs(generation(max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9), 5)
     assert (sampled["temperature"], sampled["top_p"], sampled["stop_token_ids"]) == (0.7, 0.9, [5])
     made = []
-    VLLMPolicy(None, tok, GenerationConfig(max_new_tokens=24), 512, lambda **kw: made.append(kw) or kw)
+    VLLMPolicy(None, tok, generation(max_new_tokens=24), 512, lambda **kw: made.append(kw) or kw)
     assert made == [greedy]  # built once, from the policy's own tokenizer
 
 
 def test_prompts_are_the_hf_policys_token_ids_truncated_alike(tok):
-    gen = GenerationConfig(max_new_tokens=16)
+    gen = generation(max_new_tokens=16)
     hf = Policy(build_tiny_model(tok, 16, 1, 2, 32, 1024, seed=0), tok, gen, max_context=120)
     engine = FakeEngine(tok, [ids(tok, "Action: go") + [tok.eos_token_id]])
     policy = VLLMPolicy(engine, tok, gen, 120, lambda **kw: kw)
@@ -93,14 +93,14 @@ def test_completion_cut_at_the_stop_token_and_counted(tok):
     replies = [ids(tok, "Action: go") + [eos] + ids(tok, "junk after the stop"),  # stop inside
                ids(tok, "Action: look"),                                            # max_tokens reached
                [eos]]                                                               # empty answer
-    policy = VLLMPolicy(FakeEngine(tok, replies), tok, GenerationConfig(max_new_tokens=16), 512, lambda **kw: kw)
+    policy = VLLMPolicy(FakeEngine(tok, replies), tok, generation(max_new_tokens=16), 512, lambda **kw: kw)
     out = policy.generate([conv(), conv(), conv()])
     assert [o[0] for o in out] == ["Action: go", "Action: look", ""]
     assert [o[2] for o in out] == [len(ids(tok, "Action: go")) + 1, len(ids(tok, "Action: look")), 1]
 
 
 def test_outputs_out_of_prompt_order_are_refused(tok):
-    policy = VLLMPolicy(FakeEngine(tok, [[tok.eos_token_id]], order_ok=False), tok, GenerationConfig(), 512,
+    policy = VLLMPolicy(FakeEngine(tok, [[tok.eos_token_id]], order_ok=False), tok, generation(), 512,
                         lambda **kw: kw)
     with pytest.raises(RuntimeError, match="order"):
         policy.generate([conv()])
@@ -159,7 +159,7 @@ def test_plays_episodes_through_the_rollout_engine(tok):
         return ids(tok, "Action: go" if state["ids"][i] % 2 == 0 else "Action: look") + [eos]
 
     engine.replies = reply
-    policy = VLLMPolicy(engine, tok, GenerationConfig(max_new_tokens=8), 512, lambda **kw: kw)
+    policy = VLLMPolicy(engine, tok, generation(max_new_tokens=8), 512, lambda **kw: kw)
     orig = policy.generate
 
     def generate(convs):  # map each conversation back to its task seed (in the first user turn)
@@ -167,10 +167,10 @@ def test_plays_episodes_through_the_rollout_engine(tok):
         return orig(convs)
 
     policy.generate = generate
-    prompt = PromptConfig(task_template="Task: {task} #{observation}")
+    prompt = react_prompt(task_template="Task: {task} #{observation}")
     eps = []
     run_rollouts([(t, 0) for t in TwoStepEnv().tasks("seen")], SeededEnv, policy, PolicyRef(id="vllm@x"), prompt,
-                 RolloutConfig(batch_size=3), on_episode=eps.append)
+                 rollout_config(batch_size=3), on_episode=eps.append)
     by_seed = {e.seed: e for e in eps}
     assert sorted(by_seed) == [0, 1, 2, 3, 4]
     for s, e in by_seed.items():
@@ -185,7 +185,7 @@ def test_plays_episodes_through_the_rollout_engine(tok):
 def test_missing_vllm_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(ImportError) as err:
-        VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512)
+        VLLMPolicy.from_checkpoint(str(tmp_path), generation(), 512)
     assert str(err.value) == EXTRA_HINT and ".[vllm]" in EXTRA_HINT
 
 
@@ -212,7 +212,7 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
     settings = cfg.rollout.merged(cfg.eval.rollout)
     assert play.make_policy(cfg, "some/ckpt", settings) == "vllm-policy"
     sampling = {"max_new_tokens": 12, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
-    assert made["path"] == "some/ckpt" and made["gen"] == GenerationConfig(**sampling)
+    assert made["path"] == "some/ckpt" and made["gen"] == generation(**sampling)
     assert made["gpu_memory_utilization"] == 0.5 and made["seed"] == 3 and made["max_num_seqs"] == 256
     assert made["max_context"] == cfg.model.max_context and made["dtype"] == cfg.model.dtype
     with pytest.raises(ConfigError, match=r"rollout.backend='tgi': the rollout engine: one of 'hf', 'vllm'"):
@@ -253,9 +253,9 @@ def test_engine_start_checks_the_rule_before_building_the_engine(monkeypatch, tm
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU with 50 of 80 GiB free
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (50 * GIB, 80 * GIB))
     with pytest.raises(RuntimeError, match=r"gpu_memory_utilization=0.85: .* 50.00 GiB is free"):
-        VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512, gpu_memory_utilization=0.85)
+        VLLMPolicy.from_checkpoint(str(tmp_path), generation(), 512, gpu_memory_utilization=0.85)
     with pytest.raises(RuntimeError, match=r"gpu_memory_utilization=0.92: "):  # vLLM 0.30.0's default
-        VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512)
+        VLLMPolicy.from_checkpoint(str(tmp_path), generation(), 512)
     assert built == []
-    policy = VLLMPolicy.from_checkpoint(str(tmp_path), GenerationConfig(), 512, gpu_memory_utilization=0.6)
+    policy = VLLMPolicy.from_checkpoint(str(tmp_path), generation(), 512, gpu_memory_utilization=0.6)
     assert len(built) == 1 and built[0]["gpu_memory_utilization"] == 0.6 and policy.max_context == 512

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from eto_train.envs import EnvironmentFailure, make_env
 from eto_train.experts import expert_episode
+from fixture_settings import rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "sciworld_eto"
@@ -125,7 +126,7 @@ def test_rollouts_and_the_experts_stage_run_on_sciworld(env, prompt, tmp_path):
     from hydra import compose, initialize_config_dir
 
     from eto_train.records import PolicyRef
-    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import run_rollouts
     from eto_train.stages import experts
     from eto_train.store import read_episodes
 
@@ -136,7 +137,7 @@ def test_rollouts_and_the_experts_stage_run_on_sciworld(env, prompt, tmp_path):
     work = [(t, 0) for t in make_env({**CFG, "tasks": [11, 20], "limit_per_task": 1}).tasks("seen")]
     eps = []
     run_rollouts(work, lambda: make_env(CFG), LookAround(), PolicyRef(id="scripted"), prompt,
-                 RolloutConfig(batch_size=2), on_episode=eps.append)
+                 rollout_config(batch_size=2), on_episode=eps.append)
     assert sorted((e.task_id.split("_")[0], e.status, e.num_steps) for e in eps) == [("11", "max_steps", 15),
                                                                                    ("20", "max_steps", 10)]
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="test_sciworld"):

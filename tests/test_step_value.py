@@ -23,6 +23,7 @@ from eto_train.envs.base import Task
 from eto_train.pairs import ValueState, step_value_pair, value_sides, value_states
 from eto_train.rollouts.loop import WorkItem
 from eto_train.stages.eto.pairs import build_pairs
+from fixture_settings import react_prompt, rollout_config
 
 EXPERT = ep(["a", "b", "c"], 1.0)  # task g/train/1; its last action ends the episode at 1.0
 AGENT = ep(["a", "x", "y"], 0.0, policy="pi@1", eid="agent-1")  # diverges at t = 1
@@ -144,9 +145,8 @@ def test_a_value_continuation_replays_its_prefix_and_an_unparsed_output_and_reco
     from goal_env import GoalEnv
 
     from eto_train.envs.workers import WorkerPool
-    from eto_train.prompting import PromptConfig
     from eto_train.records import PolicyRef
-    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import run_rollouts
 
     task = GoalEnv().tasks("train")[0]
     parent = {"contrast": "step_value", "step": 1, "branch": "agent", "action": "blah", "rollout": 0}
@@ -156,7 +156,7 @@ def test_a_value_continuation_replays_its_prefix_and_an_unparsed_output_and_reco
     eps = []
 
     def play(make):
-        run_rollouts(work, make, Go(), PolicyRef(id="go@0"), PromptConfig(), RolloutConfig(batch_size=3), eps.append)
+        run_rollouts(work, make, Go(), PolicyRef(id="go@0"), react_prompt(), rollout_config(batch_size=3), eps.append)
     if workers:
         with WorkerPool(GoalEnv, workers) as pool:
             play(pool.env)
@@ -164,7 +164,7 @@ def test_a_value_continuation_replays_its_prefix_and_an_unparsed_output_and_reco
         play(GoalEnv)
     by_key = {e.episode_id: e for e in eps}
     a, b, c = (by_key[w.key("go@0", 0)] for w in work)
-    invalid = PromptConfig().invalid_format
+    invalid = react_prompt().invalid_format
     assert [(s.raw_output, s.action, s.completion_tokens) for s in a.steps] == [
         ("Action: go", "go", 0), ("blah", None, 0), ("Action: go", "go", 3), ("Action: go", "go", 3)]
     assert a.steps[1].observation == invalid and a.steps[1].reward == a.steps[0].reward == 1 / 3

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixture_settings import react_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 THREE = ("twc", "numLocations=3,numItemsToPutAway=3")
@@ -21,11 +22,11 @@ TASKS = [(THREE, 467), (THREE, 416), (THREE, 0), (THREE, 1), (TWO, 0), (TWO, 3)]
 
 _SCRIPT = """
 import json, sys
-from eto_train.prompting import PromptConfig
+from eto_train.config import shipped
 from eto_train.pretrain.transcripts import GenConfig, Setting, close_envs, transcripts_of_task
 rows = [r for (game, params), pos in json.loads(sys.argv[1])
         for r in transcripts_of_task(Setting(game, params), "test", pos, {"gold": 1, "random": 1, "detour": 2},
-                                     GenConfig(max_steps=60), PromptConfig(), "0")]
+                                     GenConfig(max_steps=60), shipped().prompt.prompt_config(), "0")]
 close_envs()
 print(json.dumps(rows, sort_keys=True))
 """
@@ -77,7 +78,6 @@ def test_twc_places_agrees_with_twx_gold_where_twx_is_deterministic():
 
 def test_walker_gold_never_asks_twx_for_its_gold_path(monkeypatch):
     from eto_train.envs.textworld_express import TextWorldExpressEnv
-    from eto_train.prompting import PromptConfig
     from eto_train.pretrain.transcripts import GenConfig, Setting, transcripts_of_task
 
     def refuse(self, task):
@@ -86,7 +86,7 @@ def test_walker_gold_never_asks_twx_for_its_gold_path(monkeypatch):
     monkeypatch.setattr(TextWorldExpressEnv, "expert_actions", refuse)
     for setting in (Setting(*THREE), Setting("coin", "numLocations=6,includeDoors=1")):
         rows = transcripts_of_task(setting, "test", 2, {"gold": 1, "random": 1, "detour": 1}, GenConfig(),
-                                   PromptConfig(), "0")
+                                   react_prompt(), "0")
         assert rows[0]["gold_source"] == "explorer" and rows[0]["success"]
 
 

@@ -13,6 +13,7 @@ import fake_webshop
 from eto_train.envs import make_env
 from eto_train.envs.base import EnvironmentFailure
 from eto_train.envs.webshop import INVALID, WebShopEnv
+from fixture_settings import react_prompt, rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "env" / "webshop.yaml"))
@@ -157,9 +158,8 @@ def test_a_simulator_assertion_reads_invalid_action_as_in_eto(env, monkeypatch):
 
 
 def test_the_step_limit_ends_an_episode_of_invalid_actions(tmp_path):
-    from eto_train.prompting import PromptConfig
     from eto_train.records import PolicyRef
-    from eto_train.rollouts.loop import RolloutConfig, run_rollouts
+    from eto_train.rollouts.loop import run_rollouts
 
     class Scripted:
         def generate(self, convs):
@@ -171,7 +171,7 @@ def test_the_step_limit_ends_an_episode_of_invalid_actions(tmp_path):
     lister.close()
     done = []
     run_rollouts([(t, 0) for t in tasks], lambda: make_env(cfg), Scripted(),
-                 PolicyRef(id="scripted"), PromptConfig(), RolloutConfig(batch_size=2), done.append)
+                 PolicyRef(id="scripted"), react_prompt(), rollout_config(batch_size=2), done.append)
     assert len(done) == 2 and {e.task_id for e in done} == {"5", "6"}
     for ep in done:
         assert ep.status == "max_steps" and ep.num_steps == 10 and not ep.success

@@ -135,8 +135,8 @@ class Wandb(Section):
 # env ----------------------------------------------------------------------------------------------
 class FaultSpec(Section):
     unknown = "not a fault setting: 'rate' or 'seed'"
-    rate: Num(ge=0, le=1, when=" (probability per environment call)") = 0.0
-    seed: Int() = 0
+    rate: Num(ge=0, le=1, when=" (probability per environment call)")
+    seed: Int()
 
 
 class Faults(Section):
@@ -147,19 +147,20 @@ class Faults(Section):
 
 
 class EnvSection(Section):
-    """What every environment section has (eto-train's own keys); an adapter's ``Config`` adds its own."""
+    """What every environment section has (eto-train's own keys, their values in configs/env_common.yaml); an
+    adapter's ``Config`` adds its own."""
 
     name: Text(what="an environment name (configs/env, or an installed plug-in)")
     adapter: Text(what="'package.module:Class'", null="the adapter env.name names") = None
     splits: Annotated[dict[str, Any], Field(min_length=1), Rule("a mapping of split name -> split (at least one)")]
-    dev_holdout: Int(ge=0, when=" (training tasks held out as a dev split; 0: none)") = 0
-    metric: Choice(METRICS, what="the dev figure that selects ETO iterations") = "success_rate"
-    workers: Int(ge=0, null="0", when=" (processes that host a rollout's environments; 0: the rollout's own)") = 0
-    faults: Part(Faults, "{timeout|crash|malformed: {rate: <0..1>, seed: <int>}}", null="no fault injection") = None
+    dev_holdout: Int(ge=0, when=" (training tasks held out as a dev split; 0: none)")
+    metric: Choice(METRICS, what="the dev figure that selects ETO iterations")
+    workers: Int(ge=0, null="0", when=" (processes that host a rollout's environments; 0: the rollout's own)")
+    faults: Part(Faults, "{timeout|crash|malformed: {rate: <0..1>, seed: <int>}}", null="no fault injection")
     # the guard around every adapter (envs/guard.py, docs/environments.md#the-contract)
-    call_timeout_s: Num(gt=0, when=" (seconds one adapter call may take; more is EnvironmentTimeout)") = 300.0
+    call_timeout_s: Num(gt=0, when=" (seconds one adapter call may take; more is EnvironmentTimeout)")
     max_observation_chars: Int(ge=1, when=" (the longest observation an adapter may answer; longer stops the "
-                                          "stage)") = 65536
+                                          "stage)")
 
 
 class _AnyEnv(EnvSection):
@@ -193,20 +194,23 @@ class Arch(Section):
 class Lora(Section):
     model_config = ConfigDict(extra="allow")  # any other PEFT LoraConfig keyword
     r: Int(ge=1)
-    lora_alpha: Num(gt=0) = 8
-    lora_dropout: Num(ge=0, lt=1) = 0.0
+    lora_alpha: Num(gt=0, null="PEFT's default") = None
+    lora_dropout: Num(ge=0, lt=1, null="PEFT's default") = None
     target_modules: Annotated[Optional[Union[Annotated[str, Field(min_length=1)],
                                              Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]]],
                               Rule("a non-empty list of module names (or one string), or null (PEFT's default "
                                    "for the architecture)")] = None
 
 
+_BnbFlag = Annotated[Optional[bool], Rule("true or false, or null (bitsandbytes' default)")]
+
+
 class Quantization(Section):
     model_config = ConfigDict(extra="allow")  # any other BitsAndBytesConfig keyword
-    load_in_4bit: Flag = False
-    load_in_8bit: Flag = False
-    bnb_4bit_use_double_quant: Flag = False
-    bnb_4bit_quant_type: Choice(BNB_4BIT_QUANT_TYPES) = "fp4"
+    load_in_4bit: _BnbFlag = None
+    load_in_8bit: _BnbFlag = None
+    bnb_4bit_use_double_quant: _BnbFlag = None
+    bnb_4bit_quant_type: Choice(BNB_4BIT_QUANT_TYPES, null="bitsandbytes' default") = None
     bnb_4bit_compute_dtype: Choice(DTYPES, null="model.dtype") = None
 
 
@@ -357,7 +361,28 @@ class DPOTraining(TrainingSection):
         return []
 
 
-class _DPOLaterRules(Section):
+def _optional(f) -> tuple[Any, None]:
+    """A field as an override's: its type and metadata (bounds, Rule) kept, unset by default."""
+    return Optional[Annotated[(f.annotation, *f.metadata)]], None
+
+
+class _Overrides(Section):
+    """A section of overrides: another section's keys, each optional (unset: the other section's value)."""
+
+
+class _ExtraOverrides(_Overrides):
+    model_config = ConfigDict(extra="allow")
+
+
+def overrides_of(model: type[Section], base: type[Section] = _Overrides, **parts: Any) -> type[Section]:
+    """``model``'s fields, none required and none with a value of its own (types, bounds and words kept);
+    ``parts``: the annotations of sub-sections that are overrides too."""
+    fields = {name: ((Optional[parts[name]], None) if name in parts else _optional(f))
+              for name, f in model.model_fields.items()}
+    return create_model(f"{model.__name__}Overrides", __base__=base, __module__=__name__, **fields)
+
+
+class _DPOLaterRules(_Overrides):
     """``eto.dpo.later``: eto.dpo's keys that change from iteration 2 on (each unset one is eto.dpo's). Every key is
     optional: :data:`DPOLater` is DPOTraining's fields with the same types and words, none required."""
 
@@ -373,13 +398,7 @@ class _DPOLaterRules(Section):
         return self
 
 
-def _optional(f) -> tuple[Any, None]:
-    """A field as an override's: its type and metadata (bounds, Rule) kept, unset by default."""
-    return Optional[Annotated[(f.annotation, *f.metadata)]], None
-
-
-DPOLater = create_model("DPOLater", __base__=_DPOLaterRules, __module__=__name__,
-                        **{name: _optional(f) for name, f in DPOTraining.model_fields.items()})
+DPOLater = overrides_of(DPOTraining, _DPOLaterRules)
 
 
 class DPOSection(DPOTraining):
@@ -413,16 +432,18 @@ class DPOSection(DPOTraining):
 # rollouts -----------------------------------------------------------------------------------------
 class VLLM(Section):
     model_config = ConfigDict(extra="allow")  # any other vllm.LLM keyword
-    gpu_memory_utilization: Num(gt=0, le=1) = 0.85
-    max_num_seqs: Int(ge=1) = 256
-    enforce_eager: Flag = False
+    gpu_memory_utilization: Num(gt=0, le=1)
+    max_num_seqs: Int(ge=1)
+    enforce_eager: Flag
 
 
 class Generation(Section):
-    max_new_tokens: Int(ge=1) = 20
-    do_sample: Flag = False
-    temperature: Num(ge=0) = 1.0
-    top_p: Num(gt=0, le=1) = 1.0
+    """``rollout.generation``; ``rollouts.loop.GenerationConfig`` is this section (values from the YAML only)."""
+
+    max_new_tokens: Int(ge=1)
+    do_sample: Flag
+    temperature: Num(ge=0)
+    top_p: Num(gt=0, le=1)
 
     @model_validator(mode="after")
     def _sampling(self):
@@ -433,31 +454,38 @@ class Generation(Section):
 
 class RolloutSection(Section):
     """How a policy plays episodes (``rollout``); ``eval.rollout`` and ``eto.explore.rollout`` hold
-    overrides of it (the keys they set), :meth:`merged` the settings that play."""
+    overrides of it (:data:`RolloutOverrides`: the keys they set), :meth:`merged` the settings that play."""
 
-    batch_size: Int(ge=1, when=" (episodes in parallel)") = 32
-    backend: Choice(BACKENDS, what="the rollout engine") = "hf"
-    vllm: Part(VLLM, "vllm.LLM keywords", null="vLLM's defaults") = Field(default_factory=VLLM)
-    overlap_env: Flag = False
-    data_parallel: Flag = True
-    env_retries: Int(ge=0) = 3
-    generation: Part(Generation, "{max_new_tokens, do_sample, temperature, top_p}") = Field(default_factory=Generation)
+    batch_size: Int(ge=1, when=" (episodes in parallel)")
+    backend: Choice(BACKENDS, what="the rollout engine")
+    vllm: Part(VLLM, "vllm.LLM keywords", null="vLLM's defaults")
+    overlap_env: Flag
+    data_parallel: Flag
+    env_retries: Int(ge=0)
+    generation: Part(Generation, "{max_new_tokens, do_sample, temperature, top_p}")
 
-    def merged(self, overrides: "RolloutSection | None") -> "RolloutSection":
+    def merged(self, overrides: "Section | None") -> "RolloutSection":
         """These settings with ``overrides``' given keys over them (one level down too: generation, vllm)."""
         if overrides is None:
             return self
         base = self.model_dump(exclude_unset=True)
-        for k, v in overrides.model_dump(exclude_unset=True).items():
+        for k, v in overrides.model_dump(exclude_unset=True, exclude_none=True).items():
             base[k] = {**(base.get(k) or {}), **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
         return RolloutSection.model_validate(base)
+
+
+# eval.rollout and eto.explore.rollout: rollout's keys, each optional (RolloutSection.merged puts them over rollout's)
+RolloutOverrides = overrides_of(
+    RolloutSection,
+    vllm=Part(overrides_of(VLLM, _ExtraOverrides), "vllm.LLM keywords"),
+    generation=Part(overrides_of(Generation), "{max_new_tokens, do_sample, temperature, top_p}"))
 
 
 class EvalSection(Section):
     policy: Text(what="a checkpoint folder or hub id")
     tag: Text(what="a non-empty name (results go to eval/<tag>/)")
     splits: Texts(what="a non-empty list of split names, e.g. [seen, unseen]")
-    rollout: Part(RolloutSection, "overrides of rollout.* for evaluation") = Field(default_factory=RolloutSection)
+    rollout: Part(RolloutOverrides, "overrides of rollout.* for evaluation") = Field(default_factory=RolloutOverrides)
 
 
 # eto ----------------------------------------------------------------------------------------------
@@ -465,7 +493,7 @@ class Explore(Section):
     split: Text()
     tasks_per_game: Int(ge=1, null="every training task")
     samples: Int(ge=1, when=" (episodes per task)")
-    rollout: Part(RolloutSection, "overrides of rollout.* for exploration") = Field(default_factory=RolloutSection)
+    rollout: Part(RolloutOverrides, "overrides of rollout.* for exploration") = Field(default_factory=RolloutOverrides)
 
 
 class Pairs(Section):
@@ -521,7 +549,7 @@ class ETOSection(Section):
         if self.explore.samples < 2:
             bad.append(("explore.samples", f"an integer >= 2 {why})"))
         gen = self.explore.rollout.generation
-        if "do_sample" in gen.model_fields_set and not gen.do_sample:
+        if gen is not None and gen.do_sample is False:
             bad.append(("explore.rollout.generation.do_sample", f"true {why}: greedy samples are one episode)"))
         if bad:
             raise problem(*bad)
@@ -552,16 +580,15 @@ class PromptSection(Section):
     """A prompt profile (configs/prompt): prompting.PromptConfig's fields."""
 
     unknown = f"not a prompt setting: {one_of(_PROMPT_FIELDS)}"
-    version: Text() = PromptConfig.version
-    opening: Choice(OPENINGS) = "system"
-    system: Annotated[str, _template("actions"), Rule("a string")] = PromptConfig.system
-    task_template: Annotated[str, _template("task", "observation"), Rule("a string")] = PromptConfig.task_template
-    observation_template: Annotated[str, _template("task", "observation"),
-                                    Rule("a string")] = PromptConfig.observation_template
-    invalid_format: Annotated[str, Rule("a string")] = PromptConfig.invalid_format
-    thought: Flag = False
+    version: Text()
+    opening: Choice(OPENINGS)
+    system: Annotated[str, _template("actions"), Rule("a string")]
+    task_template: Annotated[str, _template("task", "observation"), Rule("a string")]
+    observation_template: Annotated[str, _template("task", "observation"), Rule("a string")]
+    invalid_format: Annotated[str, Rule("a string")]
+    thought: Flag
     example: Annotated[list[Annotated[Turn, Rule("{role: user|assistant, content: <string>}")]],
-                       Rule("a list of {role, content} turns, or []")] = []
+                       Rule("a list of {role, content} turns, or []")]
 
     @model_validator(mode="after")
     def _turns(self):
@@ -827,7 +854,7 @@ class Config(Section):
     env: Part(EnvSection, "an environment section (configs/env)")
     model: Part(ModelSection, "a model section (configs/model)")
     bc: Part(BCSection, "SFTConfig arguments under TRL's names (configs/bc)")
-    rollout: Part(RolloutSection, "rollout settings (configs/rollout)") = Field(default_factory=RolloutSection)
+    rollout: Part(RolloutSection, "rollout settings (configs/rollout)")
     eval: Part(EvalSection, "{policy, tag, splits, rollout}")
     eto: Part(ETOSection, "the ETO loop (configs/eto)")
     pretrain: Part(PretrainSection, "pretraining (configs/pretrain)") = None
@@ -840,18 +867,27 @@ class Config(Section):
     def _across(self):
         bad = []
         ctx = self.model.max_context
-        for key, r in (("rollout", self.rollout), ("eval.rollout", self.eval.rollout),
-                       ("eto.explore.rollout", self.eto.explore.rollout)):
-            new = r.generation.max_new_tokens
-            if (key == "rollout" or "max_new_tokens" in r.generation.model_fields_set) and new >= ctx:
+        for key, over in (("rollout", None), ("eval.rollout", self.eval.rollout),
+                          ("eto.explore.rollout", self.eto.explore.rollout)):
+            gen = over.generation if over is not None else self.rollout.generation
+            new = gen.max_new_tokens if gen is not None else None
+            if new is not None and new >= ctx:
                 bad.append((f"{key}.generation.max_new_tokens", f"an integer in [1, model.max_context={ctx}) (the "
                                                                 "prompt gets the rest of the context)"))
+            if over is not None and gen is not None:  # what plays: these keys over rollout.generation's
+                sample = self.rollout.generation.do_sample if gen.do_sample is None else gen.do_sample
+                temp = self.rollout.generation.temperature if gen.temperature is None else gen.temperature
+                if sample and not temp > 0:
+                    where = "temperature" if gen.temperature is not None else "do_sample"
+                    bad.append((f"{key}.generation.{where}",
+                                f"a number > 0 when {key}.generation.do_sample is true" if where == "temperature" else
+                                f"false while rollout.generation.temperature={temp} (a temperature > 0 to sample)"))
         dev, tests = self.eto.dev_split, list(self.eval.splits)
         if dev is not None and dev in tests:
             bad.append(("eto.dev_split", f"= is one of eval.splits={render(tests)}: model selection must not look at "
                                          "a test split (use a dev split held out of training, env.dev_holdout)"))
         gen = self.eto.explore.rollout.generation  # over rollout.generation, as RolloutSection.merged
-        if contrast_kind(self.eto.pairs.contrast).sampled_states and "do_sample" not in gen.model_fields_set \
+        if contrast_kind(self.eto.pairs.contrast).sampled_states and (gen is None or gen.do_sample is None) \
                 and not self.rollout.generation.do_sample:
             bad.append(("rollout.generation.do_sample", "= (eto.explore.rollout.generation.do_sample unset): true in "
                                                         "either with eto.pairs.contrast=anchor (anchor states are the "
@@ -978,6 +1014,17 @@ def _key_lines(data: dict) -> list[tuple[str, str]]:
             for k, text in trl_key_problems(model.kind, extra):
                 out.append((f"{key}.{k}", f"{key}.{k}={render(extra[k])}: {text.replace('{section}', key)}"))
     return out
+
+
+def shipped(*overrides: str) -> Config:
+    """configs/config.yaml composed (Hydra) with ``overrides`` and validated: the values scripts and tests build
+    runtime settings from (``PromptConfig``, ``RolloutConfig``, ``GenerationConfig`` have none of their own)."""
+    from hydra import compose, initialize_config_dir
+
+    from .layout import CONFIGS
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3", job_name="shipped"):
+        return load(compose("config", overrides=list(overrides)))
 
 
 def errors_of(cfg: Any) -> list[str]:

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-PROMPT_VERSION = "react-v1"
 OPENINGS = ("system", "instruction_ok")
 OK = "OK"  # the assistant's answer to the instruction turn in the paper's opening
 
@@ -35,17 +34,18 @@ _ACTION_RE = re.compile(r"^\s*Action\s*:\s*(.*?)\s*$", re.IGNORECASE | re.MULTIL
 
 @dataclass(frozen=True)
 class PromptConfig:
-    system: str = ("You are an agent in a text environment. Each turn, answer with one line "
-                   "'Action: <action>'. Actions you can use: {actions}.")
-    task_template: str = "Task: {task}\nObservation: {observation}"
-    invalid_format: str = "Invalid format. Answer with one line 'Action: <action>'."
-    thought: bool = False  # expert turns carry a 'Thought:' line when the data has one
-    version: str = PROMPT_VERSION
+    """A prompt profile's fields (configs/prompt/*.yaml, the ``prompt`` section; no values of its own)."""
+
+    system: str  # the instruction; {actions}: the game's action forms
+    task_template: str  # the first user turn: {task}, {observation}
+    invalid_format: str  # the observation after an answer with no action to read
+    thought: bool  # expert turns carry a 'Thought:' line when the data has one
+    version: str
     # system: the instruction is a system turn; instruction_ok: a user turn answered "OK" (the paper)
-    opening: str = "system"
-    observation_template: str = "{observation}"  # each later observation turn (the paper: "Observation: ...")
+    opening: str
+    observation_template: str  # each later observation turn (the paper: "Observation: ...")
     # in-context example: user/assistant turns after the opening, in rollouts only (never trained on)
-    example: list = field(default_factory=list)
+    example: list
 
     def __post_init__(self) -> None:
         if self.opening not in OPENINGS:

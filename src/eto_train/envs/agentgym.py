@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from pydantic import BaseModel, Field
@@ -84,17 +84,18 @@ class IndexFile(BaseModel):
 class Config(EnvSection):
     """The env section of ``env=agentgym`` (configs/env/agentgym_*.yaml)."""
 
-    url: str = Field("http://127.0.0.1:36001", description="the AgentGym env server")
-    env_name: str = Field("webshop", description=f"the server's environment: {', '.join(PROTOCOLS)}")
-    splits: dict[str, IndexRange | IndexFile | list[int]] = {"train": IndexRange(count=100)}
-    limit: int | None = Field(None, ge=1)  # keep the first N tasks of every split
-    step_limit: int = Field(15, ge=1)
-    action_forms: list[str] | None = None  # None: the protocol's
-    timeout_s: float = Field(60.0, gt=0)  # one answer; more is EnvironmentTimeout
-    connect_timeout_s: float = Field(10.0, gt=0)
-    pool_timeout_s: float = Field(600.0, gt=0)  # waiting for a free connection
-    retries: int = Field(3, ge=0)  # connection attempts and HTTP 503 answers retried (never a step sent)
-    max_connections: int = Field(16, ge=1)  # per process and server, shared by its adapter instances
+    # values: configs/env/agentgym*.yaml (one home); here their types and bounds
+    url: str = Field(description="the AgentGym env server")
+    env_name: str = Field(description=f"the server's environment: {', '.join(PROTOCOLS)}")
+    splits: dict[str, IndexRange | IndexFile | list[int]]
+    limit: Annotated[int | None, Field(ge=1)]  # keep the first N tasks of every split
+    step_limit: Annotated[int, Field(ge=1)]
+    action_forms: list[str] | None  # None: the protocol's
+    timeout_s: Annotated[float, Field(gt=0)]  # one answer; more is EnvironmentTimeout
+    connect_timeout_s: Annotated[float, Field(gt=0)]
+    pool_timeout_s: Annotated[float, Field(gt=0)]  # waiting for a free connection
+    retries: Annotated[int, Field(ge=0)]  # connection attempts and HTTP 503 answers retried (never a step sent)
+    max_connections: Annotated[int, Field(ge=1)]  # per process and server, shared by its adapter instances
 
 
 _CLIENTS: dict[tuple, httpx.Client] = {}

@@ -109,16 +109,16 @@ class ALFWorldEnv:
             fold: Choice(FOLDS)
             ids: Text(null="every solvable game of the fold") = None
 
-        step_limit: Int(ge=1, when=" (max steps per episode)") = 40
+        step_limit: Int(ge=1, when=" (max steps per episode)")
         splits: Annotated[dict[str, Annotated[Split, Rule(f"{{fold: {'|'.join(FOLDS)}, ids: <file> (optional)}}")]],
                           Field(min_length=1), Rule("a mapping of split name -> {fold, ids}")]
-        data_dir: Text(null="$ALFWORLD_DATA/json_2.1.1") = None
-        ids_dir: Text() = "data/alfworld_eto"
+        data_dir: Text(null="$ALFWORLD_DATA/json_2.1.1")
+        ids_dir: Text()
         task_types: Annotated[Optional[list[Literal[tuple(TASK_TYPES)]]], Field(min_length=1),
                               Rule(f"a non-empty list of ALFWorld task types, each {one_of(sorted(TASK_TYPES))}, "
-                                   "or null (all)")] = None
-        expert: Choice(("planner", "walkthrough")) = "planner"
-        limit_per_type: Int(ge=1, null="every game") = None
+                                   "or null (all)")]
+        expert: Choice(("planner", "walkthrough"))
+        limit_per_type: Int(ge=1, null="every game")
 
     def __init__(self, splits: dict[str, dict[str, Any]], step_limit: int = 40,
                  data_dir: str | None = None, ids_dir: str = "data/alfworld_eto",

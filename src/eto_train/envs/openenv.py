@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -39,21 +39,22 @@ class SeedRange(BaseModel):
 class Config(EnvSection):
     """The env section of ``env=openenv`` (configs/env/openenv.yaml)."""
 
+    # values: configs/env/openenv.yaml (one home); here their types and bounds
     url: str = Field(description="the server, e.g. http://127.0.0.1:8000")
-    game: str = "openenv"  # the task family in the records; passed to reset as `task`
-    step_limit: int = Field(15, ge=1)
+    game: str  # the task family in the records; passed to reset as `task`
+    step_limit: Annotated[int, Field(ge=1)]
     splits: dict[str, SeedRange]
-    action_field: str = "message"  # the action model's text field
-    observation_field: str = "text"
-    instruction_field: str | None = "instruction"  # None: the first observation is the instruction
-    valid_actions_field: str | None = "valid_actions"
-    expert_field: str | None = "expert_actions"  # the gold actions in reset's observation; None: no gold
-    success_field: str | None = "success"  # None: success = a score of 1
-    reward: Literal["increment", "score"] = "increment"
-    action_forms: list[str] = []  # action templates for the system prompt
-    timeout_s: float = Field(60.0, gt=0)  # one answer
-    connect_timeout_s: float = Field(10.0, gt=0)
-    connect_retries: int = Field(3, ge=0)
+    action_field: str  # the action model's text field
+    observation_field: str
+    instruction_field: str | None  # None: the first observation is the instruction
+    valid_actions_field: str | None
+    expert_field: str | None  # the gold actions in reset's observation; None: no gold
+    success_field: str | None  # None: success = a score of 1
+    reward: Literal["increment", "score"]
+    action_forms: list[str]  # action templates for the system prompt
+    timeout_s: Annotated[float, Field(gt=0)]  # one answer
+    connect_timeout_s: Annotated[float, Field(gt=0)]
+    connect_retries: Annotated[int, Field(ge=0)]
 
 
 class OpenEnvEnv:

@@ -171,16 +171,17 @@ def check_requested(overrides: list[str]) -> None:
 
 
 def plugin_defaults(name: str) -> dict[str, Any] | None:
-    """The env section a plug-in's ``Config`` gives when every field has a default (``name`` set):
-    what ``env=<name>`` composes when configs/env has no ``<name>.yaml``; None when it has required fields."""
+    """The env section a plug-in's ``Config`` gives when every field of its own has a default (``name`` set):
+    what ``env=<name>`` composes over configs/env_common.yaml (eto-train's own keys, :data:`OWN_KEYS`) when
+    configs/env has no ``<name>.yaml``; None when a field of its own is required."""
     model = config_model(name)
     if model is None:
         return None
-    try:
-        section = model(name=name)
-    except Exception:  # required fields: the user writes the section (a YAML in a --config-dir)
-        return None
-    return section.model_dump(mode="json")
+    own = {k: f for k, f in model.model_fields.items() if k not in OWN_KEYS}
+    if any(f.is_required() for f in own.values()):
+        return None  # the user writes the section (a YAML in a --config-dir)
+    section = model.model_construct(name=name)  # the defaults, unvalidated: `load` validates what composes
+    return {"name": name, **section.model_dump(mode="json", include=set(own))}
 
 
 def store_plugin_configs(configs_dir: str | None = None) -> list[str]:
@@ -206,7 +207,7 @@ def store_plugin_configs(configs_dir: str | None = None) -> list[str]:
             continue
         if node is None:
             model = config_model(name)
-            required = sorted(k for k, f in model.model_fields.items() if f.is_required() and k != "name")
+            required = sorted(k for k, f in model.model_fields.items() if f.is_required() and k not in OWN_KEYS)
             BROKEN[name] = (f"{where} has Config fields without a default ({', '.join(required)}): write its section "
                             f"as env/{name}.yaml in a folder given with --config-dir (docs/environments.md)")
             continue

@@ -176,22 +176,22 @@ class ScienceWorldEnv:
     class Config(EnvSection):
         """The ``env`` section of configs/env/sciworld.yaml."""
 
-        step_limit: Int(ge=1, null="the paper's per-task limits, max_steps.json", when=" (max steps per episode)") = None
-        default_step_limit: Int(ge=1) = 100
+        step_limit: Int(ge=1, null="the paper's per-task limits, max_steps.json", when=" (max steps per episode)")
+        default_step_limit: Int(ge=1)
         splits: Annotated[dict[str, Annotated[str, Field(min_length=1),
                                               Rule("a file of [task, variation] pairs in env.data_dir")]],
                           Field(min_length=1), Rule("a mapping of split name -> file")]
-        data_dir: Text() = "data/sciworld_eto"
+        data_dir: Text()
         simplifications: Annotated[Optional[str], AfterValidator(_simplifications),
-                                   Rule(f"comma-separated, each {one_of(SIMPLIFICATIONS)}")] = "easy"
+                                   Rule(f"comma-separated, each {one_of(SIMPLIFICATIONS)}")]
         tasks: Annotated[Optional[list[Union[Annotated[str, Field(min_length=1)], int]]], Field(min_length=1),
-                         Rule("a non-empty list of ETO task names or task numbers, or null (all tasks)")] = None
-        limit_per_task: Int(ge=1, null="every variation") = None
-        heap_mb: Int(ge=1) = 512
-        games_per_jvm: Int(ge=1) = 8
-        jvm_options: Texts(nonempty=False, null="none") = None
-        timeout_s: Num(gt=0) = 120
-        valid_actions: Flag = False
+                         Rule("a non-empty list of ETO task names or task numbers, or null (all tasks)")]
+        limit_per_task: Int(ge=1, null="every variation")
+        heap_mb: Int(ge=1)
+        games_per_jvm: Int(ge=1)
+        jvm_options: Texts(nonempty=False, null="none")
+        timeout_s: Num(gt=0)
+        valid_actions: Flag
 
     def __init__(self, splits: dict[str, str], data_dir: str = "data/sciworld_eto",
                  simplifications: str = "easy", tasks: list[str | int] | None = None,

@@ -120,7 +120,7 @@ class TextWorldExpressEnv:
             start: Int(ge=0)
             count: Int(ge=1)
 
-        step_limit: Int(ge=1, when=" (max steps per episode)") = 15
+        step_limit: Int(ge=1, when=" (max steps per episode)")
         games: Annotated[list[Game], Field(min_length=1),
                          Rule(f"a non-empty list of {{name: <game>, params: <str>}}, game one of "
                               f"{', '.join(map(repr, ACTION_FORMS))}")]

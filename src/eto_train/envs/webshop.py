@@ -129,20 +129,20 @@ class WebShopEnv:
             count: Int(ge=1)
             start: Int(ge=0) = 0
 
-        step_limit: Int(ge=1, when=" (max steps per episode)") = 10
+        step_limit: Int(ge=1, when=" (max steps per episode)")
         splits: Annotated[dict[str, Annotated[
             Union[Annotated[Annotated[str, Field(min_length=1)], Tag("file")], Annotated[Split, Tag("goals")]],
             Discriminator(lambda v: "file" if isinstance(v, str) else "goals"),
             Rule("a file of goal indices in env.data_dir, or {not_in: [files], count: <int >= 1>, "
                  "start: <int >= 0>}")]], Field(min_length=1), Rule("a mapping of split name -> split")]
         text_env: Text(what="'module:Class', e.g. web_agent_site.envs:WebAgentTextEnv",
-                       pattern=r"^[\w.]+:[\w.]+$") = "web_agent_site.envs:WebAgentTextEnv"
-        observation_mode: Choice(OBSERVATION_MODES) = "text"
-        human_goals: Flag = True
-        env_kwargs: Annotated[Optional[dict[str, Any]], Rule("a mapping of WebAgentTextEnv keywords, or null (none)")] = None
-        share_server: Flag = True
-        data_dir: Text() = "data/webshop_eto"
-        limit: Int(ge=1, null="every goal") = None
+                       pattern=r"^[\w.]+:[\w.]+$")
+        observation_mode: Choice(OBSERVATION_MODES)
+        human_goals: Flag
+        env_kwargs: Annotated[Optional[dict[str, Any]], Rule("a mapping of WebAgentTextEnv keywords, or null (none)")]
+        share_server: Flag
+        data_dir: Text()
+        limit: Int(ge=1, null="every goal")
 
     def __init__(self, splits: dict[str, Any], text_env: str = "web_agent_site.envs:WebAgentTextEnv",
                  data_dir: str = "data/webshop_eto", step_limit: int = 10, observation_mode: str = "text",

@@ -72,7 +72,6 @@ def prefix_tag(prefix: tuple[str, ...], unparsed: str | None = None) -> str:
 
 # How a policy decodes: the config's ``rollout.generation`` section itself (one home for its values and bounds).
 GenerationConfig = Generation
-_ROLLOUT = RolloutSection.model_fields
 
 
 class Policy:
@@ -185,13 +184,18 @@ class _Slot:
 
 @dataclass
 class RolloutConfig:
-    """The engine's settings, as play.py builds them from the effective ``rollout`` section and the root ``seed``;
-    the defaults (for scripts and tests) are the schema's own values, not copies of them."""
+    """The engine's settings: a ``rollout`` section's (:meth:`of`) and the root ``seed``. No values of its own:
+    they live in configs/rollout/*.yaml."""
 
-    batch_size: int = _ROLLOUT["batch_size"].default
-    env_retries: int = _ROLLOUT["env_retries"].default  # a failed environment call is retried this many times
-    seed: int = 0  # play.py passes the run's seed (the root `seed`); 0 for scripts and tests
-    overlap_env: bool = _ROLLOUT["overlap_env"].default  # step an episode's environment while other rows decode
+    batch_size: int
+    env_retries: int  # a failed environment call is retried this many times
+    seed: int  # the run's seed (the root `seed`)
+    overlap_env: bool  # step an episode's environment while other rows decode
+
+    @classmethod
+    def of(cls, section: RolloutSection, seed: int) -> "RolloutConfig":
+        return cls(batch_size=section.batch_size, env_retries=section.env_retries, seed=seed,
+                   overlap_env=section.overlap_env)
 
 
 class _RetriesExhausted(Exception):

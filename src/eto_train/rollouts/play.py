@@ -156,9 +156,7 @@ class Rollouts:
 
     def rollout_config(self) -> RolloutConfig:
         """The engine settings (the schema checked them: nothing is played with a batch of 0)."""
-        s = self.settings
-        return RolloutConfig(batch_size=s.batch_size, env_retries=s.env_retries, seed=self.cfg.seed,
-                             overlap_env=s.overlap_env)
+        return RolloutConfig.of(self.settings, self.cfg.seed)
 
     def check_policy(self) -> None:
         """Refuse a local checkpoint with NaN/Inf weights (it would play empty outputs and score 0%

@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from ... import layout
-from ...config import RolloutSection, typed
+from ...config import RolloutOverrides, RolloutSection, typed
 from ...contrasts import contrast_kind
 from ...experts import read_experts, usable
 from ...model.load import policy_ref
@@ -85,7 +85,7 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
 def value_settings(cfg) -> RolloutSection:
     """The value continuations' rollout settings: exploration's, sampling (its temperature)."""
     return cfg.rollout.merged(cfg.eto.explore.rollout).merged(
-        RolloutSection.model_validate({"generation": {"do_sample": True}}))
+        RolloutOverrides.model_validate({"generation": {"do_sample": True}}))
 
 
 def play_values(cfg, iteration, policy_path, ref, sampled, by_id, experts, episodes, continuations, out,
