@@ -118,26 +118,25 @@ def test_the_device_check_passes_small_models_and_sizes_from_config_json(tmp_pat
 def test_a_full_disk_names_the_stage_the_path_the_free_space_and_how_to_resume(tmp_path, monkeypatch, capsys):
     """ENOSPC while the experts stage writes its file: one block, exit 1, the run folder without
     a log folder of this command, and the rerun (space freed) finishes."""
+    import eto_train.stages.experts as experts_stage  # imported before store is patched (it binds store's writer)
     from eto_train import store
-
-    real = store.write_jsonl
 
     def full(path, rows):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(store, "write_jsonl", full)
-    monkeypatch.setattr("eto_train.stages.experts.write_jsonl", full)
     monkeypatch.setattr(sys, "argv", ["eto-train"])
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["experts", f"paths.runs={tmp_path}/runs", "run_name=r", *TOY])
-    assert exit_.value.code == 1
-    err = capsys.readouterr().err
-    assert err.startswith("eto-train experts: cannot write [experts] ") and "Traceback" not in err
-    assert "train.jsonl: no space left on device (" in err and " free of " in err
-    assert "free space and rerun the same command: finished work is kept" in err
-    assert not list((tmp_path / "runs" / "r").glob("logs/*"))
-    monkeypatch.setattr("eto_train.stages.experts.write_jsonl", real)
-    monkeypatch.setattr(store, "write_jsonl", real)
+    with monkeypatch.context() as m:  # the full disk, then space freed (undone here, not by the test's end)
+        m.setattr(store, "write_jsonl", full)
+        m.setattr("eto_train.stages.experts.write_jsonl", full)
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["experts", f"paths.runs={tmp_path}/runs", "run_name=r", *TOY])
+        assert exit_.value.code == 1
+        err = capsys.readouterr().err
+        assert err.startswith("eto-train experts: cannot write [experts] ") and "Traceback" not in err
+        assert "train.jsonl: no space left on device (" in err and " free of " in err
+        assert "free space and rerun the same command: finished work is kept" in err
+        assert not list((tmp_path / "runs" / "r").glob("logs/*"))
+    assert experts_stage.write_jsonl is store.write_jsonl  # the real writer is back
     cli.main(["experts", f"paths.runs={tmp_path}/runs", "run_name=r", *TOY])
     assert (tmp_path / "runs" / "r" / "experts" / "train.jsonl").stat().st_size > 0
 
