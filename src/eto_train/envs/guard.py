@@ -33,6 +33,7 @@ the caller stops waiting; one thread per instance keeps every call of an instanc
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import queue
@@ -45,32 +46,42 @@ from typing import Any, Callable
 from .base import (REWARD_RANGE, AdapterContractError, AdapterError, Environment, EnvironmentFailure,
                    EnvironmentTimeout, EnvWrapper, StepResult, Task)
 
-DEFAULT_CALL_TIMEOUT_S = 300.0  # env.call_timeout_s when a config (a dict built in code) does not say
-DEFAULT_MAX_OBSERVATION_CHARS = 65_536  # env.max_observation_chars likewise
 CONTRACT = "docs/environments.md#the-contract"
 
 
 @dataclass(frozen=True)
 class Limits:
-    """The guard's settings, from the env section."""
+    """The guard's settings, from the env section (no values of their own: configs/env_common.yaml's)."""
 
-    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
-    max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS
+    call_timeout_s: float
+    max_observation_chars: int
 
     @classmethod
     def of(cls, cfg: dict[str, Any]) -> Limits:
-        """``env.call_timeout_s`` and ``env.max_observation_chars`` of an env section (absent or null:
-        the defaults), checked: the schema checks a composed config, this a dict built in code."""
+        """``env.call_timeout_s`` and ``env.max_observation_chars`` of an env section (absent or null, in a dict
+        built in code: configs/env_common.yaml's), checked: the schema checks a composed config, this a dict."""
         t = cfg.get("call_timeout_s")
         n = cfg.get("max_observation_chars")
-        t = DEFAULT_CALL_TIMEOUT_S if t is None else t
-        n = DEFAULT_MAX_OBSERVATION_CHARS if n is None else n
+        t = shipped_limits().call_timeout_s if t is None else t
+        n = shipped_limits().max_observation_chars if n is None else n
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise ValueError(f"env.call_timeout_s={t!r}: a number of seconds > 0 (the most one adapter call may take)")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"env.max_observation_chars={n!r}: an integer >= 1 (the longest observation an "
                              f"adapter may answer)")
         return cls(float(t), n)
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_limits() -> Limits:
+    """configs/env_common.yaml's ``call_timeout_s`` and ``max_observation_chars``: what an env section built in
+    code without them gets (their one home is that file; a composed config always has them)."""
+    import yaml
+
+    from ..layout import CONFIGS
+
+    common = yaml.safe_load((CONFIGS / "env_common.yaml").read_text())
+    return Limits(float(common["call_timeout_s"]), int(common["max_observation_chars"]))
 
 
 # -- the instance's thread ----------------------------------------------------------------------
@@ -365,5 +376,5 @@ class GuardedEnv(EnvWrapper):
         return bounded
 
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "DEFAULT_MAX_OBSERVATION_CHARS", "GuardedEnv", "Limits", "declared_range",
+__all__ = ["GuardedEnv", "Limits", "declared_range",
            "env_seconds"]

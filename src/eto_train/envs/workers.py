@@ -77,7 +77,6 @@ from . import registry
 from .base import AdapterContractError, AdapterError, Environment, EnvironmentFailure, EnvironmentTimeout, StepResult, Task
 from .faults import FaultConfig, FaultyEnv
 
-DEFAULT_CALL_TIMEOUT_S = 120.0  # a pool built in code without a timeout (rollouts pass env.call_timeout_s)
 GRACE_S = 60.0  # on top of the env's call timeout: a worker's start (imports, a JVM launch), its queue
 STOP_S = 15.0  # a stopping worker has this long to close its environments before it is terminated
 _TRACE_CHARS = 2000  # the tail of a worker's traceback kept in the error message
@@ -384,8 +383,13 @@ def placed(slot: int) -> Iterator[None]:
 class WorkerPool:
     """``workers`` processes that host environments built by ``factory`` (picklable: spawn)."""
 
-    def __init__(self, factory: Callable[[], Environment], workers: int, timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    def __init__(self, factory: Callable[[], Environment], workers: int, timeout_s: float | None = None,
                  grace_s: float = GRACE_S) -> None:
+        """``timeout_s``: env.call_timeout_s (None, a pool built in code: configs/env_common.yaml's)."""
+        if timeout_s is None:
+            from .guard import shipped_limits
+
+            timeout_s = shipped_limits().call_timeout_s
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"env.workers={workers!r}: a pool needs an integer number of processes >= 1")
         self.factory, self.n, self.timeout_s = factory, workers, float(timeout_s) + float(grace_s)
