@@ -22,6 +22,16 @@ def env_common() -> dict:
                                                                  "call_timeout_s", "max_observation_chars"})
 
 
+def env_file(name: str) -> dict:
+    """configs/env/<name>.yaml over configs/env_common.yaml, as configs/config.yaml composes them (no Hydra)."""
+    from omegaconf import OmegaConf
+
+    from eto_train.layout import CONFIGS
+
+    return OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(CONFIGS / "env_common.yaml"),
+                                                  OmegaConf.load(CONFIGS / "env" / f"{name}.yaml")))
+
+
 def rollout_config(**kw) -> RolloutConfig:
     """configs/rollout/cpu.yaml's engine settings (seed 0) with ``kw`` over them."""
     s = default_config().rollout

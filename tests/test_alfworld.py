@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from eto_train.envs import make_env
 from eto_train.experts import expert_episode
+from fixture_settings import env_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tests" / "data" / "alfworld" / "json_2.1.1"
-CFG = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "env" / "alfworld.yaml"))
+CFG = env_file("alfworld")
 APPLE = "pick_and_place_simple-Apple-None-Cabinet-1/trial_T20000101_000000_000001"
 MUG = "pick_and_place_simple-Mug-None-Cabinet-3/trial_T20000101_000000_000003"
 POTATO = "pick_heat_then_place_in_recep-Potato-None-DiningTable-2/trial_T20000101_000000_000002"

@@ -23,6 +23,7 @@ from eto_train import layout
 from eto_train.envs import Task, make_env
 from eto_train.envs.holdout import HoldoutEnv, check_dev_config, choose_holdout
 from eto_train.stages.eto import loop as eto
+from fixture_settings import env_file
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -139,7 +140,7 @@ def test_dev_config_errors_name_the_key():
 
 # -- the real environments --------------------------------------------------------------------
 def test_configs_hold_dev_out_of_train_and_name_their_metric():
-    sci, alf, twx = _yaml("env/sciworld.yaml"), _yaml("env/alfworld.yaml"), _yaml("env/twx.yaml")
+    sci, alf, twx = env_file("sciworld"), env_file("alfworld"), env_file("twx")
     assert "dev" not in sci["splits"] and "dev" not in alf["splits"]
     assert (sci["dev_holdout"], sci["metric"]) == (48, "mean_score")
     assert (alf["dev_holdout"], alf["metric"]) == (60, "success_rate")
@@ -152,7 +153,7 @@ def test_configs_hold_dev_out_of_train_and_name_their_metric():
 def test_sciworld_holds_out_two_variations_of_each_task_and_they_play(prompt):
     from eto_train.experts import expert_episode
 
-    cfg = _yaml("env/sciworld.yaml")
+    cfg = env_file("sciworld")
     env, paper = make_env(cfg), make_env({**cfg, "dev_holdout": 0})
     try:
         train, dev = env.tasks("train"), env.tasks("dev")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from omegaconf import OmegaConf
 
 from eto_train.envs import EnvironmentFailure, EnvironmentTimeout, make_env
 from eto_train.envs.faults import INJECTED, fault_mark, new_play
@@ -23,7 +22,7 @@ from eto_train.records import PolicyRef
 from eto_train.rollouts.loop import Policy, RolloutConfig, WorkItem, run_rollouts
 
 import goal_env
-from fixture_settings import react_prompt, rollout_config, generation
+from fixture_settings import env_file, generation, react_prompt, rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = {"timeout": {"rate": 0.08, "seed": 0}, "crash": {"rate": 0.08, "seed": 1},
@@ -133,7 +132,7 @@ def test_twx_episodes_and_faults_are_the_same_with_workers(tiny_model_dir, twx_c
 
 def test_sciworld_episodes_are_the_same_with_workers(prompt):
     """A few short ScienceWorld episodes (each worker starts its own JVM)."""
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "env" / "sciworld.yaml"))
+    cfg = env_file("sciworld")
     cfg = {**cfg, "dev_holdout": 0, "tasks": [11, 20], "limit_per_task": 2, "step_limit": 3}
     lister = make_env(cfg)
     work = [(t, 0) for t in lister.tasks("seen")][:3]
@@ -319,7 +318,7 @@ def test_validate_names_env_workers(bad):
 
 def test_every_env_config_has_workers_0():
     for path in sorted((ROOT / "configs" / "env").glob("*.yaml")):
-        assert OmegaConf.load(path).get("workers") == 0, path.name
+        assert env_file(path.stem)["workers"] == 0, path.name
 
 
 def test_work_items_with_an_expert_prefix_play_the_same_with_workers(monkeypatch):
@@ -343,9 +342,9 @@ def test_work_items_with_an_expert_prefix_play_the_same_with_workers(monkeypatch
 CHILD = """
 import json, sys, time
 import psutil
+from eto_train.config import shipped
 from eto_train.envs import make_env
 from eto_train.interrupt import interruptible
-from eto_train.prompting import PromptConfig
 from eto_train.records import PolicyRef
 from eto_train.rollouts.loop import RolloutConfig, run_rollouts
 
@@ -359,13 +358,14 @@ def on_step(n, said=[]):
         said.append(1)
         print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)), flush=True)
 
-cfg = json.loads(sys.argv[1])
+cfg, shipped_cfg = json.loads(sys.argv[1]), shipped()
 with interruptible():
     lister = make_env(cfg)
     work = [(t, 0) for t in lister.tasks("train")]
     lister.close()
-    run_rollouts(work, lambda: make_env(cfg), Slow(), PolicyRef(id="slow"), react_prompt(),
-                 rollout_config(batch_size=4), on_episode=lambda ep: None, on_step=on_step)
+    run_rollouts(work, lambda: make_env(cfg), Slow(), PolicyRef(id="slow"), shipped_cfg.prompt.prompt_config(),
+                 RolloutConfig(batch_size=4, env_retries=shipped_cfg.rollout.env_retries, seed=0, overlap_env=False),
+                 on_episode=lambda ep: None, on_step=on_step)
 """
 
 

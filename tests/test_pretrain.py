@@ -9,6 +9,8 @@ command is then run again and must end with the same weights and the same probe 
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import os
@@ -146,7 +148,7 @@ def test_transcripts_gold_random_detour_deterministic_in_the_policy_layout(tmp_p
     # shards: the same bytes in this process and in two worker processes (one JVM each); a lost
     # shard is rewritten identically on resume
     seeds = pretrain_seeds({"train": {"fold": "train", "start": 0, "count": 750}}, {"fold": "test", "start": 998, "count": 1})
-    args = ([Setting(*MAPREADER), Setting(*TWC)], seeds, kinds, gen, {}, 0, 2)
+    args = ([Setting(*MAPREADER), Setting(*TWC)], seeds, kinds, gen, dataclasses.asdict(react_prompt()), 0, 2)
     for d, workers in (("a", 1), ("b", 2)):
         generate(tmp_path / d, *args, max_tasks=3, workers=workers)
     files = lambda d: {p.name: p.read_bytes() for p in sorted((tmp_path / d).iterdir())}

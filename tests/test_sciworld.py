@@ -19,15 +19,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from omegaconf import OmegaConf
 
 from eto_train.envs import EnvironmentFailure, make_env
 from eto_train.experts import expert_episode
-from fixture_settings import rollout_config
+from fixture_settings import env_file, rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "sciworld_eto"
-CFG = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "env" / "sciworld.yaml"))
+CFG = env_file("sciworld")
 
 
 def _alive(pid: int) -> bool:

@@ -7,16 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 import fake_webshop
 from eto_train.envs import make_env
 from eto_train.envs.base import EnvironmentFailure
 from eto_train.envs.webshop import INVALID, WebShopEnv
-from fixture_settings import react_prompt, rollout_config
+from fixture_settings import env_file, react_prompt, rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
-CFG = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "env" / "webshop.yaml"))
+CFG = env_file("webshop")
 FAKE = "fake_webshop:WebAgentTextEnv"
 GOAL0 = fake_webshop.GOALS[0]["instruction_text"]
 

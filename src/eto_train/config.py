@@ -924,19 +924,11 @@ class Config(Section):
 def _pretrain_seeds_error(cfg: Config) -> str | None:
     """pretrain_seeds' complaint about ``pretrain.data.heldout`` against the TextWorldExpress splits
     pretraining must avoid (the run's env when it is twx, else configs/env/twx.yaml), or None."""
-    from .pretrain.positions import pretrain_seeds
+    from .pretrain.positions import avoided_splits, pretrain_seeds
 
-    if cfg.env.name == "twx":
-        splits = cfg.env.plain()["splits"]
-    else:
-        from omegaconf import OmegaConf
-
-        from .layout import CONFIGS
-
-        twx = CONFIGS / "env" / "twx.yaml"
-        if not twx.is_file():
-            return None
-        splits = OmegaConf.to_container(OmegaConf.load(twx), resolve=True)["splits"]
+    splits = avoided_splits(cfg.env.plain())
+    if splits is None:
+        return None
     data = cfg.pretrain.data
     try:
         pretrain_seeds(splits, data.heldout.plain(), list(data.folds))

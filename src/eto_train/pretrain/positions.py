@@ -43,6 +43,19 @@ class SeedSets:
                 for part in ("train", "heldout", "excluded")}
 
 
+def avoided_splits(env: dict[str, Any]) -> dict[str, Any] | None:
+    """The TextWorldExpress splits pretraining must avoid: the run's env section's when it is twx, else the
+    repository's configs/env/twx.yaml's (None when that file is not there)."""
+    if env.get("name") == "twx":
+        return env["splits"]
+    from omegaconf import OmegaConf
+
+    from ..layout import CONFIGS
+
+    twx = CONFIGS / "env" / "twx.yaml"
+    return OmegaConf.to_container(OmegaConf.load(twx), resolve=True)["splits"] if twx.is_file() else None
+
+
 def pretrain_seeds(splits: dict[str, dict[str, Any]], heldout: dict[str, Any],
                    folds: Iterable[str] = DEFAULT_FOLDS, fold_size: int = FOLD_SIZE) -> SeedSets:
     """The pretraining and held-out positions: every position of ``folds`` that no env split

@@ -31,29 +31,21 @@ from ..manifest import Stage
 from ..runtime import setup_runtime, to_plain
 from ..store import write_json
 
-TWX_CONFIG = layout.CONFIGS / "env" / "twx.yaml"
 # what each step writes in its folder (a rerun of a finished step with another config works aside
 # and replaces exactly these when it finishes, see eto_train.manifest.Stage)
 OUTPUTS = [layout.POLICY, layout.CHECKPOINTS, layout.PROBES, layout.PROGRESS]
 TOKEN_OUTPUTS = [layout.TOKENIZER, layout.TRAIN_TOKENS, layout.HELDOUT_TOKENS]
 
 
-def exclusion_env(cfg) -> dict[str, Any]:
-    """The env config whose splits pretraining must avoid: the run's env when it is
-    TextWorldExpress, else the repository's ``configs/env/twx.yaml``."""
-    env = to_plain(cfg.env)
-    if env.get("name") == "twx":
-        return env
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.load(TWX_CONFIG), resolve=True)
-
-
 def seed_sets(cfg):
-    from ..pretrain.positions import pretrain_seeds
+    """Pretraining's positions and held-out ones, clear of every TextWorldExpress split a run plays."""
+    from ..pretrain.positions import avoided_splits, pretrain_seeds
 
     data = to_plain(cfg.pretrain.data)
-    return pretrain_seeds(exclusion_env(cfg)["splits"], data["heldout"], data["folds"])
+    splits = avoided_splits(to_plain(cfg.env))
+    if splits is None:
+        raise FileNotFoundError("configs/env/twx.yaml: pretraining avoids its splits; the file is not there")
+    return pretrain_seeds(splits, data["heldout"], data["folds"])
 
 
 def _data_config(cfg) -> dict[str, Any]:
