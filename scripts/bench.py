@@ -30,6 +30,8 @@ here (:class:`BenchConfig`) before anything runs; the stages never see ``bench``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import os
 import statistics
 import subprocess
@@ -203,8 +205,7 @@ def _rollouts(work, env_cfg, policy, ref, prompt, batch, rollout):
     eps = []
     t0 = time.perf_counter()
     run_rollouts(work, lambda: make_env(env_cfg), policy, ref, prompt,
-                 RolloutConfig(batch_size=batch, env_retries=rollout.env_retries, seed=0,
-                               overlap_env=rollout.overlap_env), on_episode=eps.append)
+                 replace(RolloutConfig.of(rollout, 0), batch_size=batch), on_episode=eps.append)
     return time.perf_counter() - t0, eps
 
 

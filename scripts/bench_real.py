@@ -19,6 +19,8 @@ Instruct (model=smollm2_135m, ``make real-model``) on the CPU, every figure meas
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import copy
 import os
 import statistics
@@ -182,8 +184,7 @@ def rollouts(real, env: str, out: Path) -> dict:
             pol, eps = engines[name](), []
             t0 = time.perf_counter()
             run_rollouts(work, lambda: make_env(env_cfg), pol, ref, prompt,
-                         RolloutConfig(batch_size=real.batch, env_retries=cfg.rollout.env_retries, seed=0,
-                                       overlap_env=cfg.rollout.overlap_env), on_episode=eps.append)
+                         replace(RolloutConfig.of(cfg.rollout, 0), batch_size=real.batch), on_episode=eps.append)
             s = time.perf_counter() - t0
             steps = [st for e in eps for st in e.steps]
             run = {"seconds": s, "episodes": len(eps), "steps": len(steps), "outputs": episode_outputs(eps),

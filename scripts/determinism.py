@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +36,7 @@ def play(model, tok, env_cfg, work, batch: int, engine: str, max_new_tokens: int
         policy.session = lambda: None  # the loop then answers whole conversations with HF generate
     eps = []
     run_rollouts(work, lambda: make_env(env_cfg), policy, PolicyRef(id="probe@0"), cfg.prompt.prompt_config(),
-                 RolloutConfig(batch_size=batch, env_retries=cfg.rollout.env_retries, seed=0,
-                               overlap_env=cfg.rollout.overlap_env), on_episode=eps.append)
+                 replace(RolloutConfig.of(cfg.rollout, 0), batch_size=batch), on_episode=eps.append)
     return {e.task_id: [s.raw_output for s in e.steps] for e in eps}
 
 
