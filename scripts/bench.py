@@ -141,6 +141,7 @@ class RealTrain(_Part):
     dtypes: list[Literal["float32", "bfloat16"]] = Field(min_length=1)  # bfloat16: bf16 autocast
     bc: dict[str, Any]   # bc keys over the run's (TRL's names)
     dpo: dict[str, Any]  # eto.dpo keys over the run's
+    profile: bool        # BC's steps under torch.profiler: where the time goes, the matmuls' share
 
 
 class RealBench(_Part):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import contextlib
 import copy
 import os
 import statistics
@@ -289,7 +290,10 @@ def training(real, out: Path, peak: dict) -> dict:
               "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.bc}
         trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                                sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
-        r = trainer.train()
+        with _profiled(t.profile, out / f"profile_bc_{dtype}.txt") as where:
+            r = trainer.train()
+        if where:
+            res.setdefault("profile", {})[f"bc/{dtype}"] = where
         lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
         tokens = round(statistics.mean(lengths) * t.batch * r.global_step)
         res["bc"][dtype] = _fraction(tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
@@ -315,6 +319,34 @@ def training(real, out: Path, peak: dict) -> dict:
             res[k]["bf16_speedup"] = res[k]["bfloat16"]["tokens_per_s"] / res[k]["float32"]["tokens_per_s"]
             res[k]["loss_max_abs_diff"] = max(abs(u - v) for u, v in zip(a, b)) if a and b else None
     return res
+
+
+# The ops that count as the model's matmuls (the 6N FLOPs): everything else is the gap to the peak.
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm",
+              "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+@contextlib.contextmanager
+def _profiled(enabled: bool, path: Path):
+    """Where a training run's CPU time goes (``bench.real.train.profile``): torch.profiler over the run, the
+    top ops by self time written to ``path``, and the share of the matmuls (:data:`MATMUL_OPS`) in the dict
+    yielded (filled when the block ends)."""
+    where: dict = {}
+    if not enabled:
+        yield where
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield where
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    where.update(matmul_share=mm / total if total else None, self_s=total / 1e6,
+                 top={e.key: round(e.self_cpu_time_total / total, 4) for e in top})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(events.table(sort_by="self_cpu_time_total", row_limit=40), encoding="utf-8")
 
 
 def _losses(trainer) -> list[float]:
@@ -393,6 +425,11 @@ def training_rows(t, tr) -> None:
                           f"{tr['threads']} thread(s)",
                           f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_peak']:.0f}% "
                           f"of the {dtype} peak (target >= 40%); losses {', '.join(f'{v:.3f}' for v in x['losses'])}")
+        for name, w in (tr.get("profile") or {}).items():
+            if name.startswith(k + "/"):
+                top = ", ".join(f"{op} {100 * v:.0f}%" for op, v in list(w["top"].items())[:6])
+                t.add_row(f"{name.upper()}: where the CPU time goes (torch.profiler, self time)",
+                          f"matmuls {100 * w['matmul_share']:.0f}%; top: {top}")
         if "bf16_speedup" in tr[k]:
             t.add_row(f"{k.upper()}: bf16 autocast / fp32", f"{tr[k]['bf16_speedup']:.2f}x tok/s; losses differ by at most "
                       f"{tr[k]['loss_max_abs_diff']:.4f}")

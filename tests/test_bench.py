@@ -188,3 +188,26 @@ def test_the_bench_config_is_the_run_config_and_its_own_checked_section():
         check_bench(bad)
     assert [line.split("=", 1)[0] for line in exc.value.lines] == \
         ["bench.only", "bench.envsteps.workers", "bench.data_parallel.processes"]
+
+
+def test_training_profile_says_what_share_of_the_time_the_matmuls_take(tmp_path):
+    """bench.real.train.profile: the matmuls' share of the profiled self time, the top ops, and the table
+    written; off, nothing is profiled. A block of large matmuls and one of elementwise work: the first is
+    mostly matmul, the second barely."""
+    import torch
+    from bench_real import _profiled
+
+    a = torch.randn(256, 256)
+    with _profiled(False, tmp_path / "off.txt") as off:
+        a @ a
+    assert off == {} and not (tmp_path / "off.txt").exists()
+    with _profiled(True, tmp_path / "mm.txt") as mm:
+        for _ in range(20):
+            a @ a
+    with _profiled(True, tmp_path / "ew.txt") as ew:
+        for _ in range(20):
+            (a.exp() + 1).sqrt()
+        a @ a
+    assert mm["matmul_share"] > 0.5 and ew["matmul_share"] < mm["matmul_share"]
+    assert "aten::mm" in mm["top"] and "aten::exp" in ew["top"]
+    assert "aten::mm" in (tmp_path / "mm.txt").read_text()
