@@ -253,16 +253,12 @@ def vllm(real, env: str, out: Path) -> dict:
 def training(real, out: Path, peak: dict) -> dict:
     """BC and DPO steps on the real model: real (unpadded) tokens per second and the fraction of the fp32
     matmul peak at the training thread count."""
-    from datasets import Dataset
-
-    from eto_train.config import BCSection, DPOSection, typed
+    from eto_train.config import typed
     from eto_train.envs import make_env
     from eto_train.experts import expert_episode
     from eto_train.model.load import load_model, load_tokenizer
     from eto_train.pairs import trajectory_pair
     from eto_train.prompting import PromptConfig
-    from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
-    from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
 
     t = real.train
     cfg = typed(_compose(env_overrides(real, "twx")))
@@ -284,40 +280,25 @@ def training(real, out: Path, peak: dict) -> dict:
         if (p := trajectory_pair(ep, other)) is not None:
             pairs.append({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected})
     res = {"parameters": n_params, "threads": threads, "bc": {}, "dpo": {}}
+    # the LM head over the labelled positions only (training/lm_head.py, what the trainers do), and with
+    # t.head_baseline also over every position (TRL's own choice on the CPU), alternated on the same batches
+    heads = ["labelled"] + (["every position"] if t.head_baseline else [])
     for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
-        bf16 = {"bf16": dtype == "bfloat16"}
-        bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", "logging_steps": 1,
-              "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.bc}
-        trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
-                               sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
-        with _profiled(t.profile, out / f"profile_bc_{dtype}.txt") as where:
-            r = trainer.train()
-        if where:
-            res.setdefault("profile", {})[f"bc/{dtype}"] = where
-        lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
-        tokens = round(statistics.mean(lengths) * t.batch * r.global_step)
-        res["bc"][dtype] = _fraction(tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
-                                     steps=r.global_step, losses=_losses(trainer))
-        d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", "logging_steps": 1,
-             "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
-             **bf16, **t.dpo}
-        d.pop("later", None)
-        t0 = time.perf_counter()
-        tr = make_dpo_trainer(load_model(path), None, tok, Dataset.from_list(pairs),
-                              dpo_arguments(DPOSection.model_validate(d), out / "dpo", 0))
-        ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
-        r = tr.train()
-        ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
-        per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
-        policy_tokens = round(statistics.mean(per_pair) * t.batch * r.global_step)
-        x = res["dpo"][dtype] = _fraction(policy_tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
-                                          steps=r.global_step, losses=_losses(tr), pairs=len(pairs))
-        x["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype)
+        for head in heads:
+            key = dtype if head == "labelled" else f"{dtype}, {head}"
+            res["bc"][key], res["dpo"][key] = _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads,
+                                                            n_params, dtype, head, res)
     for k in ("bc", "dpo"):  # bf16 against fp32: the same steps on the same batches, losses within bf16's tolerance
         if {"float32", "bfloat16"} <= res[k].keys():
             a, b = res[k]["float32"]["losses"], res[k]["bfloat16"]["losses"]
             res[k]["bf16_speedup"] = res[k]["bfloat16"]["tokens_per_s"] / res[k]["float32"]["tokens_per_s"]
             res[k]["loss_max_abs_diff"] = max(abs(u - v) for u, v in zip(a, b)) if a and b else None
+        for dtype in t.dtypes:  # labelled positions only against every position: speed, and the same losses
+            if (base := res[k].get(f"{dtype}, every position")) is not None:
+                x = res[k][dtype]
+                res[k].setdefault("head_speedup", {})[dtype] = {
+                    "speedup": x["tokens_per_s"] / base["tokens_per_s"],
+                    "loss_max_abs_diff": max(abs(u - v) for u, v in zip(x["losses"], base["losses"]))}
     return res
 
 
@@ -347,6 +328,52 @@ def _profiled(enabled: bool, path: Path):
                  top={e.key: round(e.self_cpu_time_total / total, 4) for e in top})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(events.table(sort_by="self_cpu_time_total", row_limit=40), encoding="utf-8")
+
+
+def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params, dtype, head, res):
+    """BC's and DPO's steps at one dtype and LM-head setting: their tokens/s and fraction of the peak."""
+    from datasets import Dataset
+
+    from eto_train.config import BCSection, DPOSection
+    from eto_train.model.load import load_model
+    from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
+    from eto_train.training.lm_head import score_labelled_only
+    from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
+
+    bf16 = {"bf16": dtype == "bfloat16"}
+    tag = dtype if head == "labelled" else f"{dtype}_every_position"
+    bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", "logging_steps": 1,
+          "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.bc}
+    trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
+                           sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
+    score_labelled_only(head == "labelled")  # after make_trainer, which switches it on
+    with _profiled(t.profile, out / f"profile_bc_{tag}.txt") as where:
+        r = trainer.train()
+    if where:
+        res.setdefault("profile", {})[f"bc/{tag}"] = where
+    lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
+    tokens = round(statistics.mean(lengths) * t.batch * r.global_step)
+    bc_res = _fraction(tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
+                       steps=r.global_step, losses=_losses(trainer))
+    d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", "logging_steps": 1,
+         "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
+         **bf16, **t.dpo}
+    d.pop("later", None)
+    dataset, args = Dataset.from_list(pairs), dpo_arguments(DPOSection.model_validate(d), out / "dpo", 0)
+    t0 = time.perf_counter()
+    tr = make_dpo_trainer(load_model(path), None, tok, dataset, args)
+    ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
+    score_labelled_only(head == "labelled")  # the baseline: TRL's own head for the training steps
+    r = tr.train()
+    score_labelled_only()
+    ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
+    per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
+    policy_tokens = round(statistics.mean(per_pair) * t.batch * r.global_step)
+    dpo_res = _fraction(policy_tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
+                        steps=r.global_step, losses=_losses(tr), pairs=len(pairs))
+    if head == "labelled":  # (the baseline's reference pass ran with the labelled-only head too)
+        dpo_res["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype)
+    return bc_res, dpo_res
 
 
 def _losses(trainer) -> list[float]:
@@ -420,8 +447,8 @@ def rows(t, r) -> None:
 def training_rows(t, tr) -> None:
     for k in ("bc", "dpo"):
         for dtype, x in tr[k].items():
-            if isinstance(x, dict):
-                t.add_row(f"{k.upper()} on the real model, {dtype}{' autocast' if dtype == 'bfloat16' else ''}, "
+            if isinstance(x, dict) and "tokens_per_s" in x:
+                t.add_row(f"{k.upper()} on the real model, {dtype}{' autocast' if dtype.startswith('bfloat16') else ''}, "
                           f"{tr['threads']} thread(s)",
                           f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_peak']:.0f}% "
                           f"of the {dtype} peak (target >= 40%); losses {', '.join(f'{v:.3f}' for v in x['losses'])}")
@@ -430,6 +457,9 @@ def training_rows(t, tr) -> None:
                 top = ", ".join(f"{op} {100 * v:.0f}%" for op, v in list(w["top"].items())[:6])
                 t.add_row(f"{name.upper()}: where the CPU time goes (torch.profiler, self time)",
                           f"matmuls {100 * w['matmul_share']:.0f}%; top: {top}")
+        for dtype, h in (tr[k].get("head_speedup") or {}).items():
+            t.add_row(f"{k.upper()} {dtype}: LM head over the labelled positions / over every position (TRL on the CPU)",
+                      f"{h['speedup']:.2f}x tok/s; losses differ by at most {h['loss_max_abs_diff']:.2g}")
         if "bf16_speedup" in tr[k]:
             t.add_row(f"{k.upper()}: bf16 autocast / fp32", f"{tr[k]['bf16_speedup']:.2f}x tok/s; losses differ by at most "
                       f"{tr[k]['loss_max_abs_diff']:.4f}")

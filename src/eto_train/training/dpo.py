@@ -123,6 +123,9 @@ def fsdp_reference(base: str, model_cfg: dict[str, Any], trust_remote_code: bool
 def make_dpo_trainer(model, ref_model, tokenizer, dataset, args: DPOConfig, peft_config=None):
     from trl.trainer.callbacks import RichProgressCallback
 
+    from .lm_head import score_labelled_only
+
+    score_labelled_only()  # the action tokens only through the LM head on the CPU too (lm_head.py)
     collator = ActionMaskPreferenceCollator(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length,
                                             truncation_mode=args.truncation_mode)
     trainer = ActionMaskedDPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=dataset,

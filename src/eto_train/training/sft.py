@@ -72,5 +72,8 @@ def make_trainer(model, tokenizer, dataset, args, peft_config=None):
     from trl import SFTTrainer
     from trl.trainer.callbacks import RichProgressCallback
 
+    from .lm_head import score_labelled_only
+
+    score_labelled_only()  # the agent's turns only through the LM head on the CPU too (lm_head.py)
     return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                       peft_config=peft_config, callbacks=[RichProgressCallback()])
