@@ -32,8 +32,10 @@ from eto_train.rollouts.loop import run_rollouts
 from fixture_settings import react_prompt, rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
-EPISODES = 12  # 6 seeds of `seen` x 2 games, played 2 at a time
-EVAL = ["run_name=toy", "env.step_limit=4", "env.splits.seen.count=6", "eval.splits=[seen]", "rollout.batch_size=2",
+# 10 seeds of `seen` x 2 games, played one at a time: once 2 are recorded, 18 remain, a window the Ctrl-C below lands in
+# on a loaded box too (with 12 played 2 at a time, the last ones could be written before it arrived)
+EPISODES = 20
+EVAL = ["run_name=toy", "env.step_limit=4", "env.splits.seen.count=10", "eval.splits=[seen]", "rollout.batch_size=1",
         "rollout.generation.max_new_tokens=4", "wandb.enabled=false", "runtime.rollout_threads=1"]
 LINE = re.compile(r"interrupted: (\d+) of (\d+) episodes of eval/bc/seen kept in (\S+); "
                   r"rerun the same command to resume")
@@ -85,7 +87,7 @@ def test_ctrl_c_during_evaluation_keeps_the_episodes_says_so_and_a_rerun_resumes
     proc = _evaluate(runs, tiny_model_dir, tmp_path / "interrupted.log")
     file = runs / "toy" / "eval" / "bc" / "seen" / "episodes.jsonl"
 
-    def ctrl_c() -> None:  # mid-rollout: once 2 of the 12 episodes are recorded
+    def ctrl_c() -> None:  # mid-rollout: once 2 of the 20 episodes are recorded
         deadline = time.monotonic() + 150
         while proc.poll() is None and time.monotonic() < deadline:
             if file.exists() and file.read_bytes().count(b"\n") >= 2:
