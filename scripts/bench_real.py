@@ -302,9 +302,9 @@ def training(real, out: Path, peak: dict) -> dict:
     return res
 
 
-# The ops that count as the model's matmuls (the 6N FLOPs): everything else is the gap to the peak.
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm",
-              "aten::_scaled_dot_product_flash_attention_for_cpu")
+# The ops of the weights' matmuls (the 6N FLOPs; attention's SDPA is apart): everything else is the gap to the peak.
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::matmul", "aten::linear",
+              "aten::baddbmm")
 
 
 @contextlib.contextmanager
