@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eto_train.model.load import load_model, load_tokenizer
@@ -89,16 +90,23 @@ def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_mo
     assert answers == [r[0] for r in alone.step(nxt)] == [r[0] for r in policy.generate(nxt)]
 
 
-def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_slot():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cpu_flash", [True, False], ids=["cpu-flash-kernel", "matmuls"])
+def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_slot(cpu_flash, dtype, monkeypatch):
     """decode_attention reads the first ``shared`` positions once from the play's shared prefix and the rest from
     each row's slot: the result equals SDPA over every row's whole slot (GQA: 6 query heads on 2 key-value heads),
-    masked rows included."""
+    masked rows included; with torch's CPU flash kernel and with the matmuls other devices use, in fp32 and in bf16
+    (to bf16's precision, the result in bf16)."""
     import types
 
     import torch.nn.functional as F
 
     from eto_train.rollouts import kvbatch
 
+    if not cpu_flash:
+        monkeypatch.setattr(kvbatch, "_CPU_FLASH", None)
+    else:
+        assert kvbatch._CPU_FLASH is not None, "this torch has no CPU flash-attention kernel"
     g = torch.Generator().manual_seed(1)
     rows, kv_heads, heads, d, span, shared = 3, 2, 6, 8, 20, 7
     k, v = torch.randn(rows, kv_heads, span, d, generator=g), torch.randn(rows, kv_heads, span, d, generator=g)
@@ -110,6 +118,7 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
     mask = (torch.arange(span)[None, :] < lengths[:, None])[:, None, None, :]
     expected = F.scaled_dot_product_attention(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1),
                                               attn_mask=mask, scale=0.3).transpose(1, 2)
+    q, k, v, prefix_k, prefix_v = (t.to(dtype) for t in (q, k, v, prefix_k, prefix_v))
     module = types.SimpleNamespace(layer_idx=0)
     cache = types.SimpleNamespace(shared=shared, shared_kv=[(prefix_k, prefix_v)])
     kvbatch._forward.cache = cache
@@ -119,4 +128,6 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
         plain, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
     finally:
         kvbatch._forward.cache = None
-    assert torch.allclose(got, expected, atol=1e-6) and torch.allclose(plain, expected, atol=1e-6)
+    atol = 1e-6 if dtype == torch.float32 else 2e-2
+    assert got.dtype == plain.dtype == dtype
+    assert torch.allclose(got.float(), expected, atol=atol) and torch.allclose(plain.float(), expected, atol=atol)
