@@ -111,3 +111,24 @@ def test_masked_logps_match_hand_computation_and_step0_loss_is_log2(tmp_path, ti
     with torch.no_grad():
         loss = trainer.compute_loss(trainer.model, batch)
     assert abs(loss.item() - math.log(2)) < 1e-5
+
+
+def test_activation_checkpointing_changes_memory_not_the_weights(tmp_path, tiny_model_dir, expert_episodes):
+    """``activation_checkpointing`` recomputes each layer's forward in the backward instead of keeping its
+    activations: two DPO steps (bf16 autocast, as the real-model profiles train) end in the same weights, bit for
+    bit, with it and without it. A run may turn it on to fit memory without changing any number."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    pairs = [_two_turn_pair(e) for e in expert_episodes[:4]]
+    ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs])
+    weights = []
+    for on in (False, True):
+        torch.manual_seed(0)
+        cfg = DPOSection.model_validate({**DPO, "bf16": True, "activation_checkpointing": on})
+        trainer = make_dpo_trainer(load_model(str(tiny_model_dir)), None, tok, ds,
+                                   dpo_arguments(cfg, tmp_path / str(on), 0))
+        assert trainer.args.gradient_checkpointing == on
+        trainer.train()
+        weights.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+    start = load_model(str(tiny_model_dir)).state_dict()
+    assert any(not torch.equal(weights[0][k], start[k]) for k in start)  # the steps moved the weights
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
