@@ -2,7 +2,8 @@
 
 Rates in percent (:func:`pct`), the table cells of ``evaluation.comparison`` rows
 (:func:`table_rows`), the environment faults of a run's rollout stages (:func:`env_failures`,
-:func:`fault_accounts`) and the plot of success against ETO iteration (:func:`iteration_plot`).
+:func:`fault_accounts`), the seconds each stage of a run took per seed (:func:`stage_seconds`,
+``scripts/stage_costs.py``) and the plot of success against ETO iteration (:func:`iteration_plot`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,56 @@ def fault_accounts(run: Path) -> list[dict[str, Any]]:
                      "recovered": sum(bool(e.env_errors) and e.status != "environment_failure" for e in eps),
                      "environment_failures": sum(e.status == "environment_failure" for e in eps)})
     return rows
+
+
+SKIPPED = ("cache", "diag", ".next", ".old")  # copies of stages and set-aside reruns: not stages of their own
+
+
+def stage_seconds(run: Path, own_seed: int = 0) -> dict[int, dict[str, dict[str, Any]]]:
+    """Per seed, per stage folder (its path inside the seed's folder): the manifest's status and
+    seconds. The run folder is seed ``own_seed``'s (``seeds=`` puts seed k in ``<run>/seed<k>``).
+    A stage whose manifest repeats one already met (the same stage, config hash and finish time: a
+    result reused by content hash, e.g. the exploration every arm shares) is marked ``reused``, so
+    a total counts its seconds once; the seed's own stages come before its compare arms."""
+    folders = {own_seed: run, **{int(d.name[4:]): d for d in run.glob("seed*") if d.name[4:].isdigit()}}
+    seen: set[tuple] = set()
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for seed, folder in sorted(folders.items()):
+        found = []
+        for m in folder.rglob(layout.MANIFEST):
+            rel = m.parent.relative_to(folder)
+            if rel.parts and (any(p in SKIPPED for p in rel.parts) or (folder == run and rel.parts[0].startswith("seed"))):
+                continue
+            found.append((rel.parts[0] == "compare", rel.as_posix(), m))
+        rows = out.setdefault(seed, {})
+        for _, rel, m in sorted(found):
+            d = json.loads(m.read_text())
+            key = (d.get("stage"), d.get("config_hash"), d.get("finished_at"))
+            reused = d.get("status") == "done" and key in seen
+            seen.add(key)
+            rows[rel] = {"status": d.get("status"), "seconds": d.get("seconds"), "reused": reused}
+    return out
+
+
+def stage_seconds_markdown(costs: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """:func:`stage_seconds` as one table: a row per stage folder, a column per seed, and each seed's
+    total (reused stages not counted again, unfinished ones not at all)."""
+    seeds = sorted(costs)
+    stages = sorted({rel for k in seeds for rel in costs[k]}, key=lambda rel: (rel.startswith("compare"), rel))
+
+    def cell(r):
+        if r is None:
+            return "-"
+        if r["status"] != "done":
+            return str(r["status"])
+        return f"{r['seconds']:,.0f}" + (" (reused)" if r["reused"] else "")
+
+    lines = ["| stage | " + " | ".join(f"seed {k}" for k in seeds) + " |", "| --- |" + " --- |" * len(seeds)]
+    lines += [f"| {rel} | " + " | ".join(cell(costs[k].get(rel)) for k in seeds) + " |" for rel in stages]
+    totals = [sum(r["seconds"] or 0 for r in costs[k].values() if r["status"] == "done" and not r["reused"])
+              for k in seeds]
+    lines.append("| total, each stage once | " + " | ".join(f"{t:,.0f} s ({t / 3600:.1f} h)" for t in totals) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def pct(x: float, ci=None, signed: bool = False) -> str:
