@@ -295,3 +295,23 @@ def test_a_manifest_from_before_the_record_is_still_up_to_date(tmp_path):
     write_json(d / "manifest.json", m)
     (d / "out.txt").write_text("two")  # unchecked: there is no record to check it against
     assert _stage(d).done()
+
+
+def test_a_finished_stage_whose_config_differs_only_in_result_neutral_keys_is_up_to_date(tmp_path, capsys):
+    """Logging and checkpoint frequency and activation checkpointing change how a training runs, not its result
+    (manifest.RESULT_NEUTRAL): a finished stage is not retrained for them, and says which keys differ. Any other
+    key, beside them or alone, still makes the stage work to do."""
+    d = tmp_path / "stage"
+    dpo = {"learning_rate": 5e-6, "save_steps": 200, "logging_steps": 10, "activation_checkpointing": False}
+    _finish(d, "trained", {"dpo": dpo, "seed": 0})
+    before = manifest(d)
+    neutral = {**dpo, "save_steps": 10, "activation_checkpointing": True, "save_total_limit": 2}
+    capsys.readouterr()
+    assert _stage(d, {"dpo": neutral, "seed": 0}).done()
+    out = capsys.readouterr().out
+    assert ("its config differs only in dpo.activation_checkpointing, dpo.save_steps, dpo.save_total_limit, which "
+            "change how it runs, not its result") in out
+    assert manifest(d) == before  # nothing rewritten
+    assert not _stage(d, {"dpo": {**neutral, "learning_rate": 1e-5}, "seed": 0}).done()
+    assert not _stage(d, {"dpo": dpo, "seed": 1}).done()
+    assert _stage(d, {"dpo": dpo, "seed": 0}).done()  # the finished config itself

@@ -2,7 +2,9 @@
 
 A stage writes into its own folder with ``manifest.json``: the config sections it used (and
 their hash), its inputs' content hashes, library versions, thread counts, metrics and status.
-A finished stage whose config and inputs are unchanged is skipped (and says so).
+A finished stage whose config and inputs are unchanged is skipped (and says so); so is one whose
+config differs only in keys that change how a training runs, not what it computes
+(:data:`RESULT_NEUTRAL`: logging and checkpoint frequency, activation checkpointing).
 
 Three rules keep what was written (see :class:`Stage`):
 
@@ -52,6 +54,19 @@ CONFIG_SCHEMA = 2  # the config's shape (config.py): 2 = typed, TRL's names in b
 NEXT, OLD = ".next", ".old"  # a rerun of a finished stage works in NEXT; OLD holds what a swap replaces
 STATUSES = ("running", "done")
 OUTPUT_FILES = "output_files"  # the manifest's record of a finished stage's outputs (see Stage.finish)
+# Training keys that change how a stage runs, not its result: how often it logs and saves a checkpoint, how many
+# checkpoints it keeps, whether activations are recomputed in the backward (the same weights bit for bit on the
+# CPU: tests/test_dpo.py). A finished stage whose config differs from this run's in these alone is up to date,
+# so turning checkpointing on to fit memory, or saving more often, never retrains a finished stage.
+RESULT_NEUTRAL = frozenset({"logging_steps", "save_strategy", "save_steps", "save_total_limit",
+                            "activation_checkpointing"})
+
+
+def result_config(config: Any) -> Any:
+    """``config`` without the :data:`RESULT_NEUTRAL` keys, at any depth, as JSON would read it back."""
+    def strip(c):
+        return {k: strip(v) for k, v in c.items() if k not in RESULT_NEUTRAL} if isinstance(c, dict) else c
+    return json.loads(json.dumps(strip(config), sort_keys=True, default=str))
 
 
 class DamagedManifest(RecordError):
@@ -295,8 +310,16 @@ class Stage:
     def _same(self, manifest: dict[str, Any] | None, folder: Path | None = None) -> bool:
         if not manifest or manifest.get("input_hashes") != self.input_hashes:
             return False
-        return manifest.get("config_hash") == config_hash(self.config) or \
+        return manifest.get("config_hash") == config_hash(self.config) or self._neutral_change(manifest) or \
             self._played_before(manifest, folder or self.dir) is True
+
+    def _neutral_change(self, manifest: dict[str, Any]) -> list[str]:
+        """The keys a finished manifest's config differs from this one's in, when all are
+        :data:`RESULT_NEUTRAL` (empty otherwise, and when it records no config)."""
+        old = manifest.get("config")
+        if not isinstance(old, dict) or result_config(old) != result_config(self.config):
+            return []
+        return changed_keys(old, json.loads(json.dumps(self.config, sort_keys=True, default=str)))
 
     def _played_before(self, manifest: dict[str, Any], folder: Path) -> bool | str | None:
         """A manifest from before the environment's identity entered stage configs: True when the
@@ -391,7 +414,10 @@ class Stage:
             if not same:
                 raise exc
         if same:
-            print(f"[{self.name}] up to date in {self.dir} (same config and inputs): nothing to do")
+            neutral = self._neutral_change(old) if old.get("config_hash") != config_hash(self.config) else []
+            why = (f"same inputs; its config differs only in {', '.join(neutral)}, which change how it runs, not "
+                   "its result") if neutral else "same config and inputs"
+            print(f"[{self.name}] up to date in {self.dir} ({why}): nothing to do")
             if self._locked:
                 self._discard(self.dir / NEXT)  # a rerun of another config that never finished
                 self._discard(self.dir / OLD)
