@@ -62,11 +62,16 @@ RESULT_NEUTRAL = frozenset({"logging_steps", "save_strategy", "save_steps", "sav
                             "activation_checkpointing"})
 
 
+def _as_read_back(config: Any) -> Any:
+    """``config`` as a manifest reads it back (JSON, as :func:`~eto_train.runtime.config_hash` writes it)."""
+    return json.loads(json.dumps(config, sort_keys=True, default=str))
+
+
 def result_config(config: Any) -> Any:
-    """``config`` without the :data:`RESULT_NEUTRAL` keys, at any depth, as JSON would read it back."""
+    """``config`` without the :data:`RESULT_NEUTRAL` keys, at any depth, as a manifest reads it back."""
     def strip(c):
         return {k: strip(v) for k, v in c.items() if k not in RESULT_NEUTRAL} if isinstance(c, dict) else c
-    return json.loads(json.dumps(strip(config), sort_keys=True, default=str))
+    return _as_read_back(strip(config))
 
 
 class DamagedManifest(RecordError):
@@ -319,7 +324,7 @@ class Stage:
         old = manifest.get("config")
         if not isinstance(old, dict) or result_config(old) != result_config(self.config):
             return []
-        return changed_keys(old, json.loads(json.dumps(self.config, sort_keys=True, default=str)))
+        return changed_keys(old, _as_read_back(self.config))
 
     def _played_before(self, manifest: dict[str, Any], folder: Path) -> bool | str | None:
         """A manifest from before the environment's identity entered stage configs: True when the

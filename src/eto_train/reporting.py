@@ -14,6 +14,7 @@ from typing import Any
 
 from . import layout
 from .evaluation import BEHAVIOUR
+from .manifest import NEXT, OLD
 from .store import read_episodes
 
 
@@ -42,7 +43,8 @@ def fault_accounts(run: Path) -> list[dict[str, Any]]:
     return rows
 
 
-SKIPPED = ("cache", "diag", ".next", ".old")  # copies of stages and set-aside reruns: not stages of their own
+# copies of stages (a run's cache, a study's dev diagnosis) and set-aside reruns: not stages of the run
+SKIPPED = ("cache", "diag", NEXT, OLD)
 
 
 def stage_seconds(run: Path, own_seed: int = 0) -> dict[int, dict[str, dict[str, Any]]]:
@@ -51,14 +53,16 @@ def stage_seconds(run: Path, own_seed: int = 0) -> dict[int, dict[str, dict[str,
     A stage whose manifest repeats one already met (the same stage, config hash and finish time: a
     result reused by content hash, e.g. the exploration every arm shares) is marked ``reused``, so
     a total counts its seconds once; the seed's own stages come before its compare arms."""
-    folders = {own_seed: run, **{int(d.name[4:]): d for d in run.glob("seed*") if d.name[4:].isdigit()}}
+    prefix = layout.SEED_RUN.format(seed="")
+    folders = {own_seed: run, **{int(d.name[len(prefix):]): d for d in run.glob(f"{prefix}*")
+                                 if d.name[len(prefix):].isdigit()}}
     seen: set[tuple] = set()
     out: dict[int, dict[str, dict[str, Any]]] = {}
     for seed, folder in sorted(folders.items()):
         found = []
         for m in folder.rglob(layout.MANIFEST):
             rel = m.parent.relative_to(folder)
-            if rel.parts and (any(p in SKIPPED for p in rel.parts) or (folder == run and rel.parts[0].startswith("seed"))):
+            if rel.parts and (any(p in SKIPPED for p in rel.parts) or (folder == run and rel.parts[0].startswith(prefix))):
                 continue
             found.append((rel.parts[0] == "compare", rel.as_posix(), m))
         rows = out.setdefault(seed, {})
