@@ -31,11 +31,17 @@ def test_slot_cache_writes_in_place_at_each_rows_positions():
     c.reserve(4, 600)  # grows: a new buffer, the old content in it
     assert c.k[0].shape == (4, 2, 600, 5) and torch.equal(c.k[0][0, :, :5], k[0])
     c.move(2, 3, 4)
+    buffer_now = c.k[0].data_ptr()
     assert torch.equal(c.k[0][3, :, :4], c.k[0][2, :, :4])
     c.start, c.positions, c.span = 1, torch.tensor([[7, 8]]), 9  # one row (slot 1) alone, two tokens
     two = torch.randn(1, 2, 2, 5, generator=g)
     k, _ = c.update(two, two, 0)
     assert k.shape == (1, 2, 9, 5) and torch.equal(k[0, :, 7:9], two[0])
+    c.fed, c.fed_index, c.positions = [3, 0], torch.tensor([[3], [0]]), torch.tensor([[4], [5]])  # rows by slot
+    one = torch.randn(2, 2, 1, 5, generator=g)
+    k, _ = c.update(one, one, 0)
+    assert k.data_ptr() == buffer_now and k.shape == (4, 2, 600, 5)  # the whole buffer, for decode_attention
+    assert torch.equal(k[3, :, 4], one[0, :, 0]) and torch.equal(k[0, :, 5], one[1, :, 0])
 
 
 def test_kv_session_answers_what_generate_answers_on_the_whole_conversation(tiny_model_dir):
@@ -95,7 +101,7 @@ def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_mo
 def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_slot(cpu_flash, dtype, monkeypatch):
     """decode_attention reads the first ``shared`` positions once from the play's shared prefix and the rest from
     each row's slot: the result equals SDPA over every row's whole slot (GQA: 6 query heads on 2 key-value heads),
-    masked rows included; with torch's CPU flash kernel and with the matmuls other devices use, in fp32 and in bf16
+    masked rows included, and so does a forward of some rows by slot (each read to its own length); with torch's CPU flash kernel and with the matmuls other devices use, in fp32 and in bf16
     (to bf16's precision, the result in bf16)."""
     import types
 
@@ -120,14 +126,59 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
                                               attn_mask=mask, scale=0.3).transpose(1, 2)
     q, k, v, prefix_k, prefix_v = (t.to(dtype) for t in (q, k, v, prefix_k, prefix_v))
     module = types.SimpleNamespace(layer_idx=0)
-    cache = types.SimpleNamespace(shared=shared, shared_kv=[(prefix_k, prefix_v)])
+    cache = types.SimpleNamespace(shared=shared, shared_kv=[(prefix_k, prefix_v)], fed=None, fed_lengths=None)
     kvbatch._forward.cache = cache
     try:
         got, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
-        cache.shared = 0  # no shared prefix: the same function over the slots alone
+        # rows fed by slot (the live rows of a decode step, here slots 2 and 0): whole buffers, each row read
+        # to its own length, unmasked
+        cache.fed, cache.fed_lengths = [2, 0], [9, 20]
+        by_slot, _ = kvbatch.decode_attention(module, q[[2, 0]], k, v, None, scaling=0.3)
+        cache.shared, cache.fed, cache.fed_lengths = 0, None, None  # no shared prefix: over the slots alone
         plain, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
     finally:
         kvbatch._forward.cache = None
     atol = 1e-6 if dtype == torch.float32 else 2e-2
-    assert got.dtype == plain.dtype == dtype
+    assert got.dtype == plain.dtype == by_slot.dtype == dtype
     assert torch.allclose(got.float(), expected, atol=atol) and torch.allclose(plain.float(), expected, atol=atol)
+    assert torch.allclose(by_slot.float(), expected[[2, 0]], atol=atol)
+
+
+def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
+    """Rows whose answer ended are not fed while the others decode: the answers, over two turns with rows
+    ending at different lengths, equal HF generate's (with the same stop tokens) and those of the engine's
+    every-row path (the model's own attention over contiguous slots), and the decode steps fed only the
+    tokens the live rows generated."""
+    tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # weights that answer each prompt differently (the fixture's repeat one token)
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    policy = Policy(model, tok, generation(max_new_tokens=8))
+    head = [{"role": "system", "content": "Actions: go, take. " + "Read the map first. " * 12}]
+    convs = [head + [{"role": "user", "content": f"Task: reach room {i}\nObservation: a hall {i}"}] for i in range(4)]
+    probe = policy.session()
+    for _ in convs:
+        probe.add_row()
+    seen = []  # the tokens the session picks, a list per decode step
+    pick = probe._pick
+    probe._pick = lambda logits: seen.append(pick(logits).tolist()) or torch.tensor(seen[-1])
+    probe.step(convs)
+    ids = [list(t) for t in zip(*seen)]
+    # a stop token that ends one answer early and not the others, so that rows end at different steps
+    stop = next(t for a in ids for t in a[1:4] if sum(t in b for b in ids) == 1)
+    policy.stop_ids = list(policy.stop_ids) + [stop]
+    live, every = policy.session(), policy.session()
+    every._decode_attention = False  # the every-row path: the model's own attention, a mask, contiguous slots
+    for s in (live, every):
+        for _ in convs:
+            s.add_row()
+    for turn in range(2):
+        a, b = live.step(convs), every.step(convs)
+        assert [r[0] for r in a] == [r[0] for r in b] == [r[0] for r in policy.generate(convs)]
+        assert len({r[2] for r in a}) > 1 or turn  # the first turn's answers end at different lengths
+        for c, (text, *_) in zip(convs, a):
+            c += [{"role": "assistant", "content": text}, {"role": "user", "content": "You see a door."}]
+    assert live.stats["decode_steps"] == every.stats["decode_steps"]
+    assert live.computed_tokens - live.stats["prefill_tokens"] == live.stats["decode_tokens"]
+    assert live.computed_tokens < every.computed_tokens  # the ended rows were fed on the every-row path

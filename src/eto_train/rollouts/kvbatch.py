@@ -9,7 +9,8 @@ slot, with no padding. Nothing is ever concatenated or re-copied per token:
   column per row (``SlotCache.update``);
 - rows join (a new episode takes the next free slot) and leave (a finished one frees its slot;
   the last slot's row moves into the hole, one row copied, so the slots in use stay
-  ``0..n-1`` and every batched step reads them as one view, ``K[:n, :, :span]``);
+  ``0..n-1`` and a batched step of a model with its own attention reads them as one view,
+  ``K[:n, :, :span]``);
 - the prompt every episode of a play starts with (the instruction, the in-context example) is
   computed once: a fresh row whose prompt shares a prefix with one already computed copies that
   prefix's keys and values into its slot (:class:`PrefixStore`) and feeds only the rest.
@@ -18,13 +19,15 @@ A decode step reads every row's keys and values once, and that, not the weights,
 with the context (at batch 32 and 1,400 tokens, 2 GB a step). The play's first prompt is kept as
 its *shared prefix*: every row that starts with it holds a copy in its slot, but a decode step of
 plain-attention models (:data:`PLAIN_ATTENTION`) reads that part once for all rows, one matmul
-against the shared keys, and only the rest from each slot (:func:`decode_attention`).
+against the shared keys, and only the rest from each slot (:func:`decode_attention`), each row to its
+own length; and it feeds only the rows still answering (a row whose answer ended waits for the turn's
+longest without costing a step).
 
 Masks are built here (4-D boolean, ``[rows, 1, queries, keys]``) from each row's length, and
 positions are each row's own, so a row computes what it would alone. A new chunk of a row
 (a fresh prompt, an observation) is fed as that row alone: no padding to the batch's longest
 chunk (chunks here run from 20 to 600 tokens), and the row's slot is a view. Decoding feeds
-every row at once. Each turn the whole prompt is tokenized as HF ``generate`` would get it, and a
+the rows at once. Each turn the whole prompt is tokenized as HF ``generate`` would get it, and a
 row's cache is kept only where its tokens are a prefix of that prompt, so the answers equal
 ``generate`` on the whole conversation whatever the chat template does.
 
@@ -63,7 +66,11 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     is the attention over the whole slot. Query heads are grouped by key-value head (GQA), so nothing
     is repeated: a key-value head's query heads are its "queries". Written by hand: torch's SDPA and
     transformers' attention functions read every row's whole cache (no prefix shared across a batch on
-    the CPU)."""
+    the CPU).
+
+    When the cache feeds rows by slot (``fed``: a decode step of the rows still answering, see
+    :meth:`KVBatch._decode`), ``key``/``value`` are the whole buffers and each row reads its own slot up to
+    its own length, unmasked: one kernel call per row and layer, reading no position past a row's end."""
     b, heads, q, d = query.shape
     kv_heads = key.shape[1]
     g = heads // kv_heads * q
@@ -71,8 +78,13 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     m = cache.shared if cache is not None else 0
     grouped = query.reshape(b, kv_heads, g, d)
     scale = scaling if scaling is not None else d ** -0.5
-    mask = attention_mask[..., m:] if attention_mask is not None else None
-    out, lse = _attend(grouped, key[:, :, m:], value[:, :, m:], mask, scale)
+    if cache is not None and cache.fed is not None:  # rows fed by slot: each reads its own slot to its length
+        parts = [_attend(grouped[i:i + 1], key[s:s + 1, :, m:n], value[s:s + 1, :, m:n], None, scale)
+                 for i, (s, n) in enumerate(zip(cache.fed, cache.fed_lengths))]
+        out, lse = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    else:
+        mask = attention_mask[..., m:] if attention_mask is not None else None
+        out, lse = _attend(grouped, key[:, :, m:], value[:, :, m:], mask, scale)
     if m:
         pk, pv = cache.shared_kv[module.layer_idx]  # [kv_heads, >= m, d]
         rows = grouped.permute(1, 0, 2, 3).reshape(1, kv_heads, b * g, d)
@@ -131,6 +143,11 @@ class SlotCache:
         self.is_compileable = False
         self.shared_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the play's shared prefix
         self.shared = 0  # positions every row of the forward holds from it (decode_attention reads them there)
+        # a forward of some rows by slot (a decode step of the live rows): their slots and, after the step's
+        # token is written, their lengths; None: the contiguous slots start..start+n
+        self.fed: list[int] | None = None
+        self.fed_lengths: list[int] | None = None
+        self.fed_index: torch.Tensor | None = None  # ``fed`` as a ``[rows, 1]`` index
 
     # -- the attention layers' side -------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -143,6 +160,11 @@ class SlotCache:
             self.k[layer_idx] = key_states.new_zeros(shape)
             self.v[layer_idx] = value_states.new_zeros(shape)
         n = key_states.shape[0]
+        if self.fed is not None:  # rows by slot: written at their slots, the whole buffers returned
+            k, v = self.k[layer_idx], self.v[layer_idx]
+            k[self.fed_index, :, self.positions, :] = key_states.permute(0, 2, 1, 3)
+            v[self.fed_index, :, self.positions, :] = value_states.permute(0, 2, 1, 3)
+            return k, v
         k, v = self.k[layer_idx][self.start:self.start + n], self.v[layer_idx][self.start:self.start + n]
         rows = torch.arange(n, device=key_states.device)[:, None]
         k[rows, :, self.positions, :] = key_states.permute(0, 2, 1, 3)  # in place: k is a view of the buffer
@@ -294,9 +316,11 @@ class KVBatch:
         self.held[i] = None
 
     # -- forward --------------------------------------------------------------------------------
-    def _run(self, start: int, ids: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
-        """One forward of rows ``start..start+len(ids)-1`` (slots) on ``ids`` at ``positions``
-        (both ``[rows, width]``); keys up to ``span``. Returns the last position's logits per row."""
+    def _run(self, start: int, ids: torch.Tensor, positions: torch.Tensor, span: int,
+             fed: list[int] | None = None) -> torch.Tensor:
+        """One forward of rows ``start..start+len(ids)-1`` (slots), or of the slots ``fed`` (a decode step
+        through :func:`decode_attention` only), on ``ids`` at ``positions`` (both ``[rows, width]``); keys
+        up to ``span``. Returns the last position's logits per row."""
         c = self.cache
         c.start, c.positions, c.span = start, positions.to(self.device), span
         keys = torch.arange(span, device=self.device)
@@ -304,16 +328,21 @@ class KVBatch:
         config, decoding = self.model.config, self._decode_attention and ids.shape[1] == 1
         own = config._attn_implementation_internal
         if decoding:  # decode_attention for this forward, then the model's own again
-            rows = self.shares[start:start + ids.shape[0]]
+            slots = fed if fed is not None else range(start, start + ids.shape[0])
+            rows = [self.shares[s] for s in slots]
             c.shared = min(rows) if c.shared_kv is not None and rows else 0
             config._attn_implementation_internal = DECODE_ATTENTION
             _forward.cache = c
+            if fed is not None:
+                c.fed, c.fed_lengths = list(fed), (positions[:, -1] + 1).tolist()
+                c.fed_index = torch.tensor(fed, device=self.device)[:, None]
         try:
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
                              use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
         finally:
             config._attn_implementation_internal = own
             _forward.cache = None
+            c.fed = c.fed_lengths = c.fed_index = None
         self.computed_tokens += ids.numel()
         return out.logits[:, -1, :].float()
 
@@ -331,8 +360,17 @@ class KVBatch:
         return logits[0]
 
     def _decode(self, tokens: list[int], live: list[bool]) -> torch.Tensor:
-        """Feed one token per row (all rows, in slot order); only ``live`` rows' lengths advance
-        (a finished row's token lands past its end, masked, and is overwritten later)."""
+        """One token per row still answering (``live``); returns logits per row, in row order (a finished
+        row's are not computed: zeros, never read).
+
+        A plain-attention model feeds the live rows alone, by slot (:func:`decode_attention` reads each
+        row's own slot): a row whose answer ended costs nothing while the longest answer of the turn goes
+        on. In an agent's turn that is most of the batch: on TextWorldExpress (answers of 5-8 tokens of the
+        16 allowed) 12.7 rows of 32 were still answering per decode step (docs/bench.md). Other models feed
+        every row, in slot order, through their own attention over contiguous slots (a finished row's
+        token lands past its end, masked, and is overwritten later)."""
+        if self._decode_attention:
+            return self._decode_live(tokens, live)
         t0 = time.perf_counter()
         n = len(self.slot)
         ids = torch.full((n, 1), self.pad, dtype=torch.long)
@@ -349,6 +387,24 @@ class KVBatch:
         self.stats["decode_tokens"] += sum(live)
         self.stats["decode_s"] += time.perf_counter() - t0
         return logits[torch.tensor(self.slot)]  # back in row order
+
+    def _decode_live(self, tokens: list[int], live: list[bool]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        rows = [r for r, alive in enumerate(live) if alive]
+        fed = [self.slot[r] for r in rows]
+        ids = torch.tensor([[tokens[r]] for r in rows], dtype=torch.long)
+        pos = torch.tensor([[self.length[s]] for s in fed], dtype=torch.long)
+        span = int(pos.max()) + 1
+        self.cache.reserve(len(self.slot), span)
+        got = self._run(0, ids, pos, span, fed=fed)
+        for s in fed:
+            self.length[s] += 1
+        logits = got.new_zeros((len(live), got.shape[-1]))
+        logits[rows] = got
+        self.stats["decode_steps"] += 1
+        self.stats["decode_tokens"] += len(rows)
+        self.stats["decode_s"] += time.perf_counter() - t0
+        return logits
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.do_sample:
