@@ -97,8 +97,8 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
             if name == "engine" and shared:  # the rows' common prompt prefix, as KVBatch.step records it
                 s.shared_ids, s.cache.shared_kv = ids[:shared], s.cache.read(0, shared)
                 s.shares[:batch] = [shared] * batch
-            token = [ids[0]] * batch
-            out[f"{name}_ms"] = 1e3 * _median_s(lambda: s._decode(token, [False] * batch), steps)
+            token = [ids[0]] * batch  # every row answering: each step adds a position to each
+            out[f"{name}_ms"] = 1e3 * _median_s(lambda: s._decode(token, [True] * batch), steps)
         old = Baseline(model, tok, steps + 4, context + steps + 4, stop_ids=[-1])
         for _ in range(batch):
             old.add_row()

@@ -182,3 +182,45 @@ def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
     assert live.stats["decode_steps"] == every.stats["decode_steps"]
     assert live.computed_tokens - live.stats["prefill_tokens"] == live.stats["decode_tokens"]
     assert live.computed_tokens < every.computed_tokens  # the ended rows were fed on the every-row path
+
+
+def test_a_packed_prefill_gives_each_row_what_its_own_prefill_gives(tiny_model_dir):
+    """Several rows' chunks fed in one packed sequence (each at its row's positions, over its own slot,
+    causally) leave the same keys and values in each slot and give the same last logits as each chunk fed
+    alone; with more tokens than one packed forward takes, in several."""
+    from eto_train.rollouts import kvbatch
+
+    tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    heads = [torch.randint(5, 300, (n,), generator=g).tolist() for n in (9, 4, 17)]  # what each slot holds already
+    chunks = [torch.randint(5, 300, (n,), generator=g).tolist() for n in (5, 12, 1)]
+    sessions = []
+    for _ in range(2):
+        s = KVBatch(model, tok, 4, 1024)
+        for i, h in enumerate(heads):
+            s.add_row()
+            with torch.inference_mode():
+                s._prefill(i, h)
+        sessions.append(s)
+    packed, alone = sessions
+    with torch.inference_mode():
+        got = packed._prefill_packed(list(enumerate(chunks)))
+        want = [alone._prefill(i, c) for i, c in enumerate(chunks)]
+        with pytest.MonkeyPatch.context() as mp:  # a limit under the three chunks' 18 tokens: two forwards
+            mp.setattr(kvbatch, "PACK_TOKENS", 13)
+            split = KVBatch(model, tok, 4, 1024)
+            for i, h in enumerate(heads):
+                split.add_row()
+                split._prefill(i, h)
+            twice = split._prefill_packed(list(enumerate(chunks)))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(twice, want))
+    assert packed.length == alone.length == [14, 16, 18]
+    for layer in range(len(alone.cache.k)):
+        for slot, n in enumerate(alone.length):
+            assert torch.allclose(packed.cache.k[layer][slot, :, :n], alone.cache.k[layer][slot, :, :n], atol=1e-5)
+            assert torch.allclose(packed.cache.v[layer][slot, :, :n], alone.cache.v[layer][slot, :, :n], atol=1e-5)
+    assert packed.stats["prefill_tokens"] == alone.stats["prefill_tokens"]

@@ -51,6 +51,8 @@ MIN_SHARED = 16       # a prompt prefix shorter than this is computed, not copie
 # windows): their decode steps use :func:`decode_attention`; any other keeps its own implementation
 PLAIN_ATTENTION = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 DECODE_ATTENTION = "eto_slots_decode"
+PACKED_ATTENTION = "eto_slots_packed"
+PACK_TOKENS = 4096    # new prompt tokens of a turn's rows fed in one packed forward, at most
 _forward = threading.local()  # the SlotCache of the forward in progress (decode_attention reads its shared prefix)
 STORE_ENTRIES = 8     # prompt prefixes kept per play
 GROW = 256            # capacity grows by at least this many positions
@@ -98,7 +100,8 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 def _attend(q, k, v, mask, scale):
     """(softmax(q k^T * scale) v, its log-sum-exp over the keys) for ``[batch, heads, queries, d]``;
-    ``mask`` (boolean, broadcast over heads and queries; True: attend) or None. On the CPU, torch's
+    ``mask`` (boolean, broadcast over heads and queries; True: attend), an additive float mask (0 or -inf) or
+    None. On the CPU, torch's
     flash-attention kernel (a private op, the one SDPA calls there; it returns the log-sum-exp);
     elsewhere, or where this torch lacks it, two matmuls. A decode step is bound by reading the
     cache: the kernel took the attention 20-30% below the matmuls alone, a whole decode step 2-3%
@@ -106,24 +109,51 @@ def _attend(q, k, v, mask, scale):
     if q.device.type == "cpu" and _CPU_FLASH is not None:
         bias = None
         if mask is not None:
-            bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+            bias = mask if mask.is_floating_point() else _bias(mask, q.dtype)
         out, lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
         return out, lse  # the log-sum-exp in fp32 whatever the dtype: the parts are joined in fp32
     s = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
     if mask is not None:
-        s.masked_fill_(~mask, float("-inf"))
+        s = s + mask if mask.is_floating_point() else s.masked_fill_(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     return torch.matmul((s - lse[..., None]).exp_().to(v.dtype), v), lse
+
+
+def _bias(mask: torch.Tensor, dtype) -> torch.Tensor:
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _register_decode_attention() -> None:
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention of a packed forward: one sequence of several rows' new prompt chunks (``query``
+    ``[1, heads, tokens, d]``), each chunk over its own row's slot up to its end, causally.
+
+    ``key``/``value`` are the whole buffers (``[slots, kv_heads, capacity, d]``); the forward's
+    :class:`SlotCache` lists the chunks (``packed``: slot, first position, length, offset in the sequence,
+    the chunk's additive mask). Query heads are grouped by key-value head (GQA) as in
+    :func:`decode_attention`. Written by hand for the same reason: transformers' attention functions take
+    one cache row per sequence row, and a packed sequence holds many rows."""
+    cache = _forward.cache
+    _, heads, _, d = query.shape
+    kv_heads = key.shape[1]
+    g = heads // kv_heads
+    scale = scaling if scaling is not None else d ** -0.5
+    outs = []
+    for slot, start, n, off, bias in cache.packed:
+        q = query[0, :, off:off + n].reshape(1, kv_heads, g * n, d)
+        out, _ = _attend(q, key[slot:slot + 1, :, :start + n], value[slot:slot + 1, :, :start + n], bias, scale)
+        outs.append(out.reshape(heads, n, d))
+    return torch.cat(outs, dim=1).to(query.dtype).transpose(0, 1)[None].contiguous(), None
+
+
+def _register_attention() -> None:
     from transformers import AttentionInterface
 
-    if DECODE_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+    for name, fn in ((DECODE_ATTENTION, decode_attention), (PACKED_ATTENTION, packed_attention)):
+        if name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(name, fn)
 
 
 class SlotCache:
@@ -148,6 +178,10 @@ class SlotCache:
         self.fed: list[int] | None = None
         self.fed_lengths: list[int] | None = None
         self.fed_index: torch.Tensor | None = None  # ``fed`` as a ``[rows, 1]`` index
+        # a packed forward (several rows' chunks in one sequence): (slot, first position, length, offset,
+        # additive mask) per chunk and, per token, its slot and position (None: not packed)
+        self.packed: list[tuple] | None = None
+        self.packed_slots: torch.Tensor | None = None
 
     # -- the attention layers' side -------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -160,6 +194,11 @@ class SlotCache:
             self.k[layer_idx] = key_states.new_zeros(shape)
             self.v[layer_idx] = value_states.new_zeros(shape)
         n = key_states.shape[0]
+        if self.packed is not None:  # one sequence of several rows' chunks: each token to its slot and position
+            k, v = self.k[layer_idx], self.v[layer_idx]
+            k[self.packed_slots, :, self.positions[0], :] = key_states[0].transpose(0, 1)
+            v[self.packed_slots, :, self.positions[0], :] = value_states[0].transpose(0, 1)
+            return k, v
         if self.fed is not None:  # rows by slot: written at their slots, the whole buffers returned
             k, v = self.k[layer_idx], self.v[layer_idx]
             k[self.fed_index, :, self.positions, :] = key_states.permute(0, 2, 1, 3)
@@ -274,7 +313,7 @@ class KVBatch:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._decode_attention = getattr(model.config, "model_type", None) in PLAIN_ATTENTION
         if self._decode_attention:
-            _register_decode_attention()
+            _register_attention()
         self.shared_ids: list[int] | None = None  # the play's shared prefix (its first stored prompt)
         self.shares: list[int] = []  # slot -> positions it holds from the shared prefix
 
@@ -359,6 +398,65 @@ class KVBatch:
         self.stats["prefill_s"] += time.perf_counter() - t0
         return logits[0]
 
+    def _prefill_packed(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        """Feed several rows' chunks (``(row, token ids)``) in packed forwards of at most
+        :data:`PACK_TOKENS` tokens: one sequence, no padding, each chunk at its row's own positions over its
+        own slot (:func:`packed_attention`). Returns each chunk's last logits.
+
+        Why: a turn's new prompt tokens come in chunks of 20-100 tokens per row (an observation, a task
+        after the shared prefix), and a forward of one chunk runs the linear layers on that many rows; one
+        forward of a turn's chunks runs them on ~1,500 (1.45x faster there, docs/bench.md). Padding the
+        chunks to a batch instead was tried and lost what it gained (commit 480bde3)."""
+        out: list[torch.Tensor] = []
+        group: list[tuple[int, list[int]]] = []
+        for row, chunk in chunks:
+            if group and sum(len(c) for _, c in group) + len(chunk) > PACK_TOKENS:
+                out += self._run_packed(group)
+                group = []
+            group.append((row, chunk))
+        if group:
+            out += self._run_packed(group)
+        return out
+
+    def _run_packed(self, group: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        t0 = time.perf_counter()
+        c, dev = self.cache, self.device
+        starts = [self.length[self.slot[r]] for r, _ in group]
+        c.reserve(len(self.slot), max(s + len(ch) for s, (_, ch) in zip(starts, group)) + self.max_new)
+        group_size = self.model.config.num_attention_heads // self.model.config.num_key_value_heads
+        dtype = next(self.model.parameters()).dtype
+        packed, slots, positions, ids, off = [], [], [], [], 0
+        for (row, chunk), start in zip(group, starts):
+            s, n = self.slot[row], len(chunk)
+            keys = torch.arange(start + n, device=dev)
+            allowed = keys[None, :] <= torch.arange(start, start + n, device=dev)[:, None]  # [n, start + n]
+            packed.append((s, start, n, off, _bias(allowed.repeat(group_size, 1), dtype)))  # heads grouped
+            slots += [s] * n
+            positions += range(start, start + n)
+            ids += chunk
+            off += n
+        c.packed, c.packed_slots = packed, torch.tensor(slots, device=dev)
+        c.positions = torch.tensor([positions], device=dev)
+        last = torch.tensor([o + n - 1 for _, _, n, o, _ in packed], device=dev)
+        config = self.model.config
+        own = config._attn_implementation_internal
+        config._attn_implementation_internal = PACKED_ATTENTION
+        _forward.cache = c
+        try:  # the 4-D mask is a placeholder: packed_attention masks each chunk itself
+            res = self.model(input_ids=torch.tensor([ids], device=dev), attention_mask=torch.ones(
+                1, 1, 1, 1, dtype=torch.bool, device=dev), position_ids=c.positions, use_cache=True,
+                logits_to_keep=last, **{self._cache_kw: c})
+        finally:
+            config._attn_implementation_internal = own
+            _forward.cache = None
+            c.packed = c.packed_slots = None
+        for (row, chunk) in group:
+            self.length[self.slot[row]] += len(chunk)
+        self.computed_tokens += len(ids)
+        self.stats["prefill_tokens"] += len(ids)
+        self.stats["prefill_s"] += time.perf_counter() - t0
+        return list(res.logits[0].float())
+
     def _decode(self, tokens: list[int], live: list[bool]) -> torch.Tensor:
         """One token per row still answering (``live``); returns logits per row, in row order (a finished
         row's are not computed: zeros, never read).
@@ -391,6 +489,7 @@ class KVBatch:
     def _decode_live(self, tokens: list[int], live: list[bool]) -> torch.Tensor:
         t0 = time.perf_counter()
         rows = [r for r, alive in enumerate(live) if alive]
+        assert rows, "a decode step with no row answering"
         fed = [self.slot[r] for r in rows]
         ids = torch.tensor([[tokens[r]] for r in rows], dtype=torch.long)
         pos = torch.tensor([[self.length[s]] for s in fed], dtype=torch.long)
@@ -427,6 +526,7 @@ class KVBatch:
         assert len(convs) == len(self.slot), "one conversation per row"
         n = len(convs)
         first, dropped, prompt_tokens = [], [], []
+        pending: list[tuple[int, list[int]]] = []  # (row, new prompt tokens) to feed packed
         for i, conv in enumerate(convs):
             # The prompt exactly as HF generate on the whole conversation would get it; the row's
             # cache is kept when its tokens are a prefix of it. They are not when the template
@@ -450,8 +550,13 @@ class KVBatch:
                         self.length[self.slot[i]] = m
                         self.prefixes.shared_tokens += m
                         new = ids[m:]
-            logits = self._prefill(i, new)
-            if self.prefixes is not None and 2 * len(new) > len(ids):  # little shared: a prefix for later rows
+            store = self.prefixes is not None and 2 * len(new) > len(ids)  # little shared: a prefix for later rows
+            if store or not self._decode_attention:  # fed now, alone (a stored prefix serves this turn's next rows)
+                logits = self._prefill(i, new)
+            else:  # fed with the turn's other chunks in one packed forward, after this loop
+                logits = None
+                pending.append((i, new))
+            if store:
                 kv = self.cache.read(self.slot[i], len(ids))
                 self.prefixes.add(ids, kv)
                 if self.shared_ids is None:  # the play's first prompt: its shared prefix
@@ -462,6 +567,9 @@ class KVBatch:
             first.append(logits)
             dropped.append(d)
             prompt_tokens.append(len(ids))
+        if pending:
+            for (i, _), logits in zip(pending, self._prefill_packed(pending)):
+                first[i] = logits
         out: list[list[int]] = [[] for _ in range(n)]
         done = [False] * n
         nxt = self._pick(torch.stack(first)).tolist()
