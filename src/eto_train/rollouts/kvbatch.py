@@ -40,6 +40,7 @@ against 36 s for the first turn, before prefix sharing); vLLM is a separate engi
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -364,26 +365,37 @@ class KVBatch:
         c.start, c.positions, c.span = start, positions.to(self.device), span
         keys = torch.arange(span, device=self.device)
         mask = (keys[None, None, :] <= c.positions[:, :, None])[:, None]  # [rows, 1, width, span]
-        config, decoding = self.model.config, self._decode_attention and ids.shape[1] == 1
-        own = config._attn_implementation_internal
-        if decoding:  # decode_attention for this forward, then the model's own again
+        decoding = self._decode_attention and ids.shape[1] == 1
+        if decoding:
             slots = fed if fed is not None else range(start, start + ids.shape[0])
             rows = [self.shares[s] for s in slots]
             c.shared = min(rows) if c.shared_kv is not None and rows else 0
-            config._attn_implementation_internal = DECODE_ATTENTION
-            _forward.cache = c
             if fed is not None:
                 c.fed, c.fed_lengths = list(fed), (positions[:, -1] + 1).tolist()
                 c.fed_index = torch.tensor(fed, device=self.device)[:, None]
         try:
-            out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
-                             use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
+            with self._attention(DECODE_ATTENTION if decoding else None):
+                out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
+                                 use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
         finally:
-            config._attn_implementation_internal = own
-            _forward.cache = None
             c.fed = c.fed_lengths = c.fed_index = None
         self.computed_tokens += ids.numel()
         return out.logits[:, -1, :].float()
+
+    @contextlib.contextmanager
+    def _attention(self, name: str | None):
+        """The attention function ``name`` (registered here) for one forward, reading this batch's cache,
+        then the model's own again; None: the model's own."""
+        config = self.model.config
+        own = config._attn_implementation_internal
+        if name is not None:
+            config._attn_implementation_internal = name
+            _forward.cache = self.cache
+        try:
+            yield
+        finally:
+            config._attn_implementation_internal = own
+            _forward.cache = None
 
     def _prefill(self, row: int, chunk: list[int]) -> torch.Tensor:
         """Feed ``chunk`` to ``row`` alone (its slot is a view; no padding); its last logits."""
@@ -438,17 +450,12 @@ class KVBatch:
         c.packed, c.packed_slots = packed, torch.tensor(slots, device=dev)
         c.positions = torch.tensor([positions], device=dev)
         last = torch.tensor([o + n - 1 for _, _, n, o, _ in packed], device=dev)
-        config = self.model.config
-        own = config._attn_implementation_internal
-        config._attn_implementation_internal = PACKED_ATTENTION
-        _forward.cache = c
         try:  # the 4-D mask is a placeholder: packed_attention masks each chunk itself
-            res = self.model(input_ids=torch.tensor([ids], device=dev), attention_mask=torch.ones(
-                1, 1, 1, 1, dtype=torch.bool, device=dev), position_ids=c.positions, use_cache=True,
-                logits_to_keep=last, **{self._cache_kw: c})
+            with self._attention(PACKED_ATTENTION):
+                res = self.model(input_ids=torch.tensor([ids], device=dev), attention_mask=torch.ones(
+                    1, 1, 1, 1, dtype=torch.bool, device=dev), position_ids=c.positions, use_cache=True,
+                    logits_to_keep=last, **{self._cache_kw: c})
         finally:
-            config._attn_implementation_internal = own
-            _forward.cache = None
             c.packed = c.packed_slots = None
         for (row, chunk) in group:
             self.length[self.slot[row]] += len(chunk)
