@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixture_settings import generation
 
 from eto_train.model.load import load_model, load_tokenizer
 from eto_train.rollouts.kvbatch import KVBatch, SlotCache
 from eto_train.rollouts.loop import Policy
-from fixture_settings import generation
 
 
 def test_slot_cache_writes_in_place_at_each_rows_positions():
@@ -73,7 +73,8 @@ def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_mo
     tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
     policy = Policy(model, tok, generation(max_new_tokens=6))
     head = [{"role": "system", "content": "Actions: go, take. " + "Read the map first. " * 12}]
-    convs = [head + [{"role": "user", "content": f"Task: reach room {i}\nObservation: a hall {i}"}] for i in range(4)]
+    convs = [head + [{"role": "user", "content": f"Task: reach room {i}\nObservation: a hall" + " and a door" * 3 * i}]
+             for i in range(4)]  # rows of different lengths: the live rows' runs are masked to each row's length
     shared, alone = policy.session(), KVBatch(model, tok, 6, policy.max_context, stop_ids=policy.stop_ids,
                                                share_prefixes=False)
     for s in (shared, alone):
@@ -101,7 +102,8 @@ def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_mo
 def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_slot(cpu_flash, dtype, monkeypatch):
     """decode_attention reads the first ``shared`` positions once from the play's shared prefix and the rest from
     each row's slot: the result equals SDPA over every row's whole slot (GQA: 6 query heads on 2 key-value heads),
-    masked rows included, and so does a forward of some rows by slot (each read to its own length); with torch's CPU flash kernel and with the matmuls other devices use, in fp32 and in bf16
+    masked rows included, and so does a forward of some rows by slot (each read to its own length, alone or in a
+    run of adjacent slots); with torch's CPU flash kernel and with the matmuls other devices use, in fp32 and in bf16
     (to bf16's precision, the result in bf16)."""
     import types
 
@@ -130,10 +132,15 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
     kvbatch._forward.cache = cache
     try:
         got, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
-        # rows fed by slot (the live rows of a decode step, here slots 2 and 0): whole buffers, each row read
-        # to its own length, unmasked
+        # rows fed by slot (the live rows of a decode step): whole buffers, each row read to its own length;
+        # slots 2 and 0 (two runs, unmasked), then slots 0-2 (one run, masked to each row's length)
         cache.fed, cache.fed_lengths = [2, 0], [9, 20]
+        cache.fed_runs = kvbatch._runs(cache.fed, cache.fed_lengths, shared)
         by_slot, _ = kvbatch.decode_attention(module, q[[2, 0]], k, v, None, scaling=0.3)
+        cache.fed, cache.fed_lengths = [0, 1, 2], [20, 15, 9]
+        cache.fed_runs = kvbatch._runs(cache.fed, cache.fed_lengths, shared)
+        assert len(cache.fed_runs) == 1 and cache.fed_runs[0][4] is not None
+        one_run, _ = kvbatch.decode_attention(module, q, k, v, None, scaling=0.3)
         cache.shared, cache.fed, cache.fed_lengths = 0, None, None  # no shared prefix: over the slots alone
         plain, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
     finally:
@@ -142,6 +149,7 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
     assert got.dtype == plain.dtype == by_slot.dtype == dtype
     assert torch.allclose(got.float(), expected, atol=atol) and torch.allclose(plain.float(), expected, atol=atol)
     assert torch.allclose(by_slot.float(), expected[[2, 0]], atol=atol)
+    assert torch.allclose(one_run.float(), expected, atol=atol)
 
 
 def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
@@ -156,7 +164,8 @@ def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     policy = Policy(model, tok, generation(max_new_tokens=8))
     head = [{"role": "system", "content": "Actions: go, take. " + "Read the map first. " * 12}]
-    convs = [head + [{"role": "user", "content": f"Task: reach room {i}\nObservation: a hall {i}"}] for i in range(4)]
+    convs = [head + [{"role": "user", "content": f"Task: reach room {i}\nObservation: a hall" + " and a door" * 3 * i}]
+             for i in range(4)]  # rows of different lengths: the live rows' runs are masked to each row's length
     probe = policy.session()
     for _ in convs:
         probe.add_row()
@@ -182,6 +191,22 @@ def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
     assert live.stats["decode_steps"] == every.stats["decode_steps"]
     assert live.computed_tokens - live.stats["prefill_tokens"] == live.stats["decode_tokens"]
     assert live.computed_tokens < every.computed_tokens  # the ended rows were fed on the every-row path
+
+
+def test_a_decode_steps_rows_go_in_runs_of_adjacent_slots_of_similar_lengths(monkeypatch):
+    """Hand-computed: slots 0, 1, 2, 5, 6 fed, lengths 10, 12, 300, 11, 11, 4 positions shared, a spread of 256:
+    slots 0-1 in one run masked to their lengths, slot 2 alone (288 positions longer), slots 5-6 (not adjacent
+    to 2) in one run, unmasked (equal lengths)."""
+    from eto_train.rollouts import kvbatch
+
+    monkeypatch.setattr(kvbatch, "RUN_SPREAD", 256)
+    runs = kvbatch._runs([0, 1, 2, 5, 6], [10, 12, 300, 11, 11], 4)
+    assert [r[:4] for r in runs] == [(0, 2, 0, 12), (2, 3, 2, 300), (3, 5, 5, 11)]
+    assert runs[1][4] is None and runs[2][4] is None
+    assert runs[0][4].shape == (2, 1, 1, 8)  # positions 4..11
+    assert runs[0][4][:, 0, 0].tolist() == [[True] * 6 + [False] * 2, [True] * 8]
+    monkeypatch.setattr(kvbatch, "RUN_SPREAD", 300)
+    assert [r[:2] for r in kvbatch._runs([0, 1, 2, 5, 6], [10, 12, 300, 11, 11], 4)] == [(0, 3), (3, 5)]
 
 
 def test_a_packed_prefill_gives_each_row_what_its_own_prefill_gives(tiny_model_dir):

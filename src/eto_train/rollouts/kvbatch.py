@@ -54,6 +54,11 @@ PLAIN_ATTENTION = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 DECODE_ATTENTION = "eto_slots_decode"
 PACKED_ATTENTION = "eto_slots_packed"
 PACK_TOKENS = 4096    # new prompt tokens of a turn's rows fed in one packed forward, at most
+# A decode step's rows in adjacent slots share one attention call per layer (masked to each row's length)
+# while their lengths differ by at most this many positions: one call more costs about as much as a row reading
+# ~300 positions more (batch 32, 1,400-token slots: every row live, one call a row took 417 ms a step against
+# 390 ms for one masked call over all rows; 13 rows live, one call a row 277 ms; docs/bench.md)
+RUN_SPREAD = 256
 _forward = threading.local()  # the SlotCache of the forward in progress (decode_attention reads its shared prefix)
 STORE_ENTRIES = 8     # prompt prefixes kept per play
 GROW = 256            # capacity grows by at least this many positions
@@ -72,8 +77,9 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     the CPU).
 
     When the cache feeds rows by slot (``fed``: a decode step of the rows still answering, see
-    :meth:`KVBatch._decode`), ``key``/``value`` are the whole buffers and each row reads its own slot up to
-    its own length, unmasked: one kernel call per row and layer, reading no position past a row's end."""
+    :meth:`KVBatch._decode`), ``key``/``value`` are the whole buffers and the rows read their own slots in
+    runs (``fed_runs``, :func:`_runs`): rows in adjacent slots of similar lengths in one kernel call, masked to
+    each row's length, so that neither a finished row nor a long row's tail is read by the others."""
     b, heads, q, d = query.shape
     kv_heads = key.shape[1]
     g = heads // kv_heads * q
@@ -82,9 +88,10 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     grouped = query.reshape(b, kv_heads, g, d)
     scale = scaling if scaling is not None else d ** -0.5
     if cache is not None and cache.fed is not None:  # rows fed by slot: each reads its own slot to its length
-        parts = [_attend(grouped[i:i + 1], key[s:s + 1, :, m:n], value[s:s + 1, :, m:n], None, scale)
-                 for i, (s, n) in enumerate(zip(cache.fed, cache.fed_lengths))]
-        out, lse = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        parts = [_attend(grouped[i:j], key[s:s + j - i, :, m:n], value[s:s + j - i, :, m:n], run_mask, scale)
+                 for i, j, s, n, run_mask in cache.fed_runs]
+        out, lse = (parts[0] if len(parts) == 1 else
+                    (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])))
     else:
         mask = attention_mask[..., m:] if attention_mask is not None else None
         out, lse = _attend(grouped, key[:, :, m:], value[:, :, m:], mask, scale)
@@ -97,6 +104,26 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
         total = torch.logaddexp(lse, pre_lse)
         out = out * (lse - total).exp_()[..., None] + pre * (pre_lse - total).exp_()[..., None]
     return out.to(query.dtype).reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
+
+
+def _runs(fed: list[int], lengths: list[int], shared: int) -> list[tuple]:
+    """A decode step's fed rows (their slots ``fed``, ascending, and lengths after the step's token) in
+    runs of adjacent slots whose lengths differ by at most :data:`RUN_SPREAD`: (first row, row past the last,
+    first slot, the longest length, None or the boolean mask ``[rows, 1, 1, longest - shared]`` of each row's
+    positions past ``shared``)."""
+    runs, i = [], 0
+    while i < len(fed):
+        j, lo, hi = i + 1, lengths[i], lengths[i]
+        while (j < len(fed) and fed[j] == fed[j - 1] + 1
+               and max(hi, lengths[j]) - min(lo, lengths[j]) <= RUN_SPREAD):
+            lo, hi = min(lo, lengths[j]), max(hi, lengths[j])
+            j += 1
+        mask = None
+        if lo != hi:
+            mask = (torch.arange(shared, hi)[None, :] < torch.tensor(lengths[i:j])[:, None])[:, None, None]
+        runs.append((i, j, fed[i], hi, mask))
+        i = j
+    return runs
 
 
 def _attend(q, k, v, mask, scale):
@@ -179,6 +206,7 @@ class SlotCache:
         self.fed: list[int] | None = None
         self.fed_lengths: list[int] | None = None
         self.fed_index: torch.Tensor | None = None  # ``fed`` as a ``[rows, 1]`` index
+        self.fed_runs: list[tuple] | None = None  # ``fed`` in runs of adjacent slots (:func:`_runs`)
         # a packed forward (several rows' chunks in one sequence): (slot, first position, length, offset,
         # additive mask) per chunk and, per token, its slot and position (None: not packed)
         self.packed: list[tuple] | None = None
@@ -373,12 +401,14 @@ class KVBatch:
             if fed is not None:
                 c.fed, c.fed_lengths = list(fed), (positions[:, -1] + 1).tolist()
                 c.fed_index = torch.tensor(fed, device=self.device)[:, None]
+                c.fed_runs = [(i, j, s, n, m if m is None else m.to(self.device))
+                              for i, j, s, n, m in _runs(c.fed, c.fed_lengths, c.shared)]
         try:
             with self._attention(DECODE_ATTENTION if decoding else None):
                 out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
                                  use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
         finally:
-            c.fed = c.fed_lengths = c.fed_index = None
+            c.fed = c.fed_lengths = c.fed_index = c.fed_runs = None
         self.computed_tokens += ids.numel()
         return out.logits[:, -1, :].float()
 
@@ -468,9 +498,9 @@ class KVBatch:
         """One token per row still answering (``live``); returns logits per row, in row order (a finished
         row's are not computed: zeros, never read).
 
-        A plain-attention model feeds the live rows alone, by slot (:func:`decode_attention` reads each
-        row's own slot): a row whose answer ended costs nothing while the longest answer of the turn goes
-        on. In an agent's turn that is most of the batch: on TextWorldExpress (answers of 5-8 tokens of the
+        A plain-attention model feeds the live rows alone, by slot (:func:`decode_attention` reads their own
+        slots, adjacent ones in one call): a row whose answer ended costs nothing while the longest answer of
+        the turn goes on. In an agent's turn that is most of the batch: on TextWorldExpress (answers of 5-8 tokens of the
         16 allowed) 12.7 rows of 32 were still answering per decode step (docs/bench.md). Other models feed
         every row, in slot order, through their own attention over contiguous slots (a finished row's
         token lands past its end, masked, and is overwritten later)."""
@@ -495,7 +525,7 @@ class KVBatch:
 
     def _decode_live(self, tokens: list[int], live: list[bool]) -> torch.Tensor:
         t0 = time.perf_counter()
-        rows = [r for r, alive in enumerate(live) if alive]
+        rows = sorted((r for r, alive in enumerate(live) if alive), key=self.slot.__getitem__)  # slot order: runs
         assert rows, "a decode step with no row answering"
         fed = [self.slot[r] for r in rows]
         ids = torch.tensor([[tokens[r]] for r in rows], dtype=torch.long)
