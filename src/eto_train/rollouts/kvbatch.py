@@ -401,7 +401,8 @@ class KVBatch:
             if fed is not None:
                 c.fed, c.fed_lengths = list(fed), (positions[:, -1] + 1).tolist()
                 c.fed_index = torch.tensor(fed, device=self.device)[:, None]
-                c.fed_runs = [(i, j, s, n, m if m is None else m.to(self.device))
+                dtype = next(self.model.parameters()).dtype  # each run's mask made additive once, not per layer
+                c.fed_runs = [(i, j, s, n, m if m is None else _bias(m.to(self.device), dtype))
                               for i, j, s, n, m in _runs(c.fed, c.fed_lengths, c.shared)]
         try:
             with self._attention(DECODE_ATTENTION if decoding else None):
@@ -447,8 +448,9 @@ class KVBatch:
 
         Why: a turn's new prompt tokens come in chunks of 20-100 tokens per row (an observation, a task
         after the shared prefix), and a forward of one chunk runs the linear layers on that many rows; one
-        forward of a turn's chunks runs them on ~1,500 (1.45x faster there, docs/bench.md). Padding the
-        chunks to a batch instead was tried and lost what it gained (commit 480bde3)."""
+        forward of a turn's chunks runs them on ~1,500 (1.45x faster there; a real-model play's prefill
+        1.7-1.8x, docs/bench.md). Padding the chunks to a batch instead was tried and lost what it gained
+        (commit 480bde3)."""
         out: list[torch.Tensor] = []
         group: list[tuple[int, list[int]]] = []
         for row, chunk in chunks:
@@ -500,10 +502,10 @@ class KVBatch:
 
         A plain-attention model feeds the live rows alone, by slot (:func:`decode_attention` reads their own
         slots, adjacent ones in one call): a row whose answer ended costs nothing while the longest answer of
-        the turn goes on. In an agent's turn that is most of the batch: on TextWorldExpress (answers of 5-8 tokens of the
-        16 allowed) 12.7 rows of 32 were still answering per decode step (docs/bench.md). Other models feed
-        every row, in slot order, through their own attention over contiguous slots (a finished row's
-        token lands past its end, masked, and is overwritten later)."""
+        the turn goes on. In an agent's turn that is most of the batch: on TextWorldExpress (answers of 5-8
+        tokens of the 16 allowed) 12.7 rows of 32 were still answering per decode step (docs/bench.md).
+        Other models feed every row, in slot order, through their own attention over contiguous slots (a
+        finished row's token lands past its end, masked, and is overwritten later)."""
         if self._decode_attention:
             return self._decode_live(tokens, live)
         t0 = time.perf_counter()
