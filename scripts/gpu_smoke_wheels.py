@@ -50,6 +50,9 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
              "manylinux_2_12_x86_64", "manylinux2010_x86_64"]
 # pyarrow members datasets never loads (checked with readelf: lib.so needs neither; pyarrow.fs
 # imports _s3fs in a try block): Flight RPC, the S3 filesystem, C++ headers and sources, tests
+# Pinned distributions PyPI serves only as a source archive, all pure Python: built into a py3-none-any
+# wheel here (``pip wheel --no-deps``), which installs anywhere. omegaconf's parser runtime is one.
+SDIST_ONLY = {"antlr4-python3-runtime"}
 PYARROW_DROP = ["pyarrow/libarrow_flight.so*", "pyarrow/libarrow_python_flight.so*", "pyarrow/_flight.*",
                 "pyarrow/libarrow_s3.so*", "pyarrow/_s3fs.*", "pyarrow/include/*", "pyarrow/src/*",
                 "pyarrow/tests/*"]
@@ -145,7 +148,15 @@ def download(python: str, platforms: list[str], bundle: Path = BUNDLE, preset: i
         for p in platforms:
             cmd += ["--platform", p]
         wanted = [p for p in pins() if _key(p.split("==")[0]) not in {_key(k) for k in skip}]
-        subprocess.run(cmd + wanted, check=True)
+        built = [p for p in wanted if _key(p.split("==")[0]) in {_key(k) for k in SDIST_ONLY}]
+        subprocess.run(cmd + [p for p in wanted if p not in built], check=True)
+        if built:
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(raw), *built],
+                           check=True)
+            impure = [w.name for w in raw.glob("*.whl") if _key(w.name.split("-")[0]) in
+                      {_key(p.split("==")[0]) for p in built} and not w.name.endswith("-py3-none-any.whl")]
+            if impure:
+                raise SystemExit(f"built here but not pure Python (would not install there): {impure}")
         wheels = sorted(raw.glob("*.whl"))
         names = {_key(w.name.split("-")[0]) for w in wheels}
         lacking = [p for p in wanted if _key(p.split("==")[0]) not in names]

@@ -100,7 +100,10 @@ def test_bundle_installs_offline_into_its_own_site(tmp_path):
 
 
 def test_cpu_dry_run_goes_through_the_recipe_fsdp2_and_the_engine(tmp_path):
-    env = {**os.environ, "PY": sys.executable, "OMP_NUM_THREADS": "1"}
+    """With every installed distribution the GPU machine would lack hidden (tests/gpu_image): the
+    first lent H200 failed in `build` on pydantic, then Hydra, which the wheel list left out."""
+    env = {**os.environ, "PY": sys.executable, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT / "tests" / "gpu_image")}
     proc = subprocess.run(["bash", "scripts/gpu_smoke.sh", "--cpu-dry-run", "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=400, env=env)
     out = proc.stdout + proc.stderr
@@ -124,6 +127,17 @@ def test_cpu_dry_run_goes_through_the_recipe_fsdp2_and_the_engine(tmp_path):
     assert all(hf[k]["gen_tokens_per_s"] > 0 for k in ("rows_2", "rows_4"))
     assert sec["rollouts_vllm"]["status"] == "skipped" and sec["gemm"]["status"] == "skipped"
     assert "== gpu_smoke on cpu" in proc.stdout and "tokens/s" in proc.stdout
+
+
+def test_gpu_image_hider_hides_what_the_machine_lacks_and_keeps_the_rest():
+    """The hider the dry run uses: a distribution on neither list is unfindable, listed ones are not."""
+    code = ("import importlib.util as u, sitecustomize as s; "
+            "print(u.find_spec('wandb') is None, u.find_spec('pydantic') is not None, "
+            "u.find_spec('trl') is not None, u.find_spec('torch') is not None, u.find_spec('json') is not None, "
+            "'wandb' in s.HIDDEN)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "gpu_image")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["True"] * 6, out.stdout + out.stderr
 
 
 def test_listed_wheels_fit_together_here():
