@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import contextlib
 import copy
+import json
 import os
 import statistics
 import subprocess
@@ -399,16 +400,28 @@ def run(cfg) -> dict:
     res = {"threads": threads, "matmul": peak, "versions": versions()}
     from eto_train.model.load import load_model, load_tokenizer
 
+    partial = out / "real.partial.json"
+
+    def keep() -> None:  # after each part: a run killed later (the OOM killer, a lost session) keeps these
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(res, indent=1, default=str))
+        print(f"[bench real] so far -> {partial}", flush=True)
+
     if "decode" in real.parts:
         path = str(_compose([f"model={real.model}"]).model.path)
         d = real.decode
         res["decode_step"] = decode_step(load_model(path, dtype="float32"), load_tokenizer(path), d.batch, d.context,
                                          d.steps, d.shared)
         print(f"[bench real] decode step {res['decode_step']}", flush=True)
+        keep()
     if "rollouts" in real.parts:
-        res["rollouts"] = {env: rollouts(real, env, out) for env in real.envs}
+        res["rollouts"] = {}
+        for env in real.envs:
+            res["rollouts"][env] = rollouts(real, env, out)
+            keep()
     if "training" in real.parts:
         res["training"] = training(real, out, peak)
+        keep()
     return res
 
 

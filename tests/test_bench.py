@@ -211,3 +211,29 @@ def test_training_profile_says_what_share_of_the_time_the_matmuls_take(tmp_path)
     assert mm["matmul_share"] > 0.5 and ew["matmul_share"] < mm["matmul_share"]
     assert "aten::mm" in mm["top"] and "aten::exp" in ew["top"]
     assert "aten::mm" in (tmp_path / "mm.txt").read_text()
+
+
+def test_real_section_keeps_each_finished_part_when_a_later_one_dies(tmp_path, monkeypatch):
+    """bench.real writes bench/real.partial.json after every part: a run killed in training (the OOM killer
+    stopped one at 23.9 GB) keeps the decode step and each game's rollouts already measured."""
+    import bench_real
+
+    cfg = _bench_config([f"paths.runs={tmp_path}", "run_name=partial", "bench.only=real",
+                         "bench.real.parts=[decode,rollouts,training]"])
+    monkeypatch.setattr(bench_real, "setup_runtime", lambda threads: 1)
+    monkeypatch.setattr(bench_real, "matmul_peak", lambda: {"peak": {"float32/1": 1.0}})
+    monkeypatch.setattr(bench_real, "_compose", lambda overrides: cfg)
+    monkeypatch.setattr("eto_train.model.load.load_model", lambda path, dtype=None: "model")
+    monkeypatch.setattr("eto_train.model.load.load_tokenizer", lambda path: "tok")
+    monkeypatch.setattr(bench_real, "decode_step", lambda *a: {"engine_ms": 2.0})
+    monkeypatch.setattr(bench_real, "rollouts", lambda real, env, out: {"env": env})
+
+    def killed(*a):
+        raise MemoryError("killed in training")
+
+    monkeypatch.setattr(bench_real, "training", killed)
+    with pytest.raises(MemoryError):
+        bench_real.run(cfg)
+    kept = json.loads((tmp_path / "partial" / "bench" / "real.partial.json").read_text())
+    assert kept["decode_step"] == {"engine_ms": 2.0}
+    assert kept["rollouts"] == {env: {"env": env} for env in cfg.bench.real.envs} and "training" not in kept
