@@ -142,6 +142,7 @@ class RealTrain(_Part):
     bc: dict[str, Any]   # bc keys over the run's (TRL's names)
     dpo: dict[str, Any]  # eto.dpo keys over the run's
     profile: bool        # BC's steps under torch.profiler: where the time goes, the matmuls' share
+    warmup: int = Field(ge=0)  # steps left out of the rate (a torch.compile's first steps compile)
     head_baseline: bool  # also train with TRL's LM head over every position (its CPU default), side by side
 
 

@@ -343,7 +343,9 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
 
     bf16 = {"bf16": dtype == "bfloat16"}
     tag = dtype if head == "labelled" else f"{dtype}_every_position"
-    bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", "logging_steps": 1,
+    # every step logged with the tokens and seconds so far: the rate can leave out the first t.warmup steps
+    per_step = {"logging_steps": 1, "include_num_input_tokens_seen": "non_padding"}
+    bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", **per_step,
           "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.bc}
     trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                            sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
@@ -353,10 +355,12 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     if where:
         res.setdefault("profile", {})[f"bc/{tag}"] = where
     lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
-    tokens = round(statistics.mean(lengths) * t.batch * r.global_step)
-    bc_res = _fraction(tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
-                       steps=r.global_step, losses=_losses(trainer))
-    d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", "logging_steps": 1,
+    tokens, seconds = round(statistics.mean(lengths) * t.batch * r.global_step), r.metrics["train_runtime"]
+    if t.warmup:
+        tokens, seconds = _after_warmup(trainer, t.warmup)
+    bc_res = _fraction(tokens, seconds, 6 * n_params, peak, threads, dtype,
+                       steps=r.global_step, losses=_losses(trainer), warmup=t.warmup)
+    d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", **per_step,
          "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
          **bf16, **t.dpo}
     d.pop("later", None)
@@ -369,12 +373,27 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     score_labelled_only()
     ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
     per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
-    policy_tokens = round(statistics.mean(per_pair) * t.batch * r.global_step)
-    dpo_res = _fraction(policy_tokens, r.metrics["train_runtime"], 6 * n_params, peak, threads, dtype,
-                        steps=r.global_step, losses=_losses(tr), pairs=len(pairs))
+    policy_tokens, seconds = round(statistics.mean(per_pair) * t.batch * r.global_step), r.metrics["train_runtime"]
+    if t.warmup:  # the logs count both sequences of a pair (prompt + chosen, prompt + rejected), as per_pair does
+        policy_tokens, seconds = _after_warmup(tr, t.warmup)
+    dpo_res = _fraction(policy_tokens, seconds, 6 * n_params, peak, threads, dtype,
+                        steps=r.global_step, losses=_losses(tr), pairs=len(pairs), warmup=t.warmup)
     if head == "labelled":  # (the baseline's reference pass ran with the labelled-only head too)
         dpo_res["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype)
     return bc_res, dpo_res
+
+
+def _after_warmup(trainer, warmup: int) -> tuple[int, float]:
+    """(non-padding tokens, seconds) of the optimizer steps after the first ``warmup``, from the per-step logs
+    (scripts/gpu_smoke.py's step_rate)."""
+    from gpu_smoke import step_rate
+
+    logged = sum(1 for h in trainer.state.log_history if "loss" in h and "train_runtime" in h)
+    if warmup >= logged:  # (step_rate would then time every step, the warm-up included)
+        raise ValueError(f"bench.real.train.warmup={warmup}: {logged} steps logged, none left to time; "
+                         f"raise bc_steps / dpo_steps")
+    r = step_rate(trainer.state.log_history, warmup)
+    return r["tokens"], r["seconds"]
 
 
 def _losses(trainer) -> list[float]:

@@ -237,3 +237,18 @@ def test_real_section_keeps_each_finished_part_when_a_later_one_dies(tmp_path, m
     kept = json.loads((tmp_path / "partial" / "bench" / "real.partial.json").read_text())
     assert kept["decode_step"] == {"engine_ms": 2.0}
     assert kept["rollouts"] == {env: {"env": env} for env in cfg.bench.real.envs} and "training" not in kept
+
+
+def test_training_rate_after_warmup_leaves_out_the_first_steps():
+    """bench.real.train.warmup: the rate over the steps after the first ``warmup`` (a torch.compile's first
+    steps compile); none left is an error that names the key, not a rate of zero."""
+    from types import SimpleNamespace
+
+    from bench_real import _after_warmup
+
+    logs = [{"loss": 1.0, "step": s, "train_runtime": t, "num_input_tokens_seen": 100 * s}
+            for s, t in ((1, 90.0), (2, 120.0), (3, 122.0), (4, 124.0))]
+    trainer = SimpleNamespace(state=SimpleNamespace(log_history=logs))
+    assert _after_warmup(trainer, 2) == (200, 4.0)  # steps 3 and 4: 200 tokens in 4 s (the 120 s compile left out)
+    with pytest.raises(ValueError, match="bench.real.train.warmup=4"):
+        _after_warmup(trainer, 4)
