@@ -48,11 +48,11 @@ SITE = Path(tempfile.gettempdir()) / "eto_gpu_smoke" / "site-packages"
 CARRY_LIMIT = 64 * 2**20  # the run tool's limit on what travels: the working tree and carried paths together
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_12_x86_64", "manylinux2010_x86_64"]
-# pyarrow members datasets never loads (checked with readelf: lib.so needs neither; pyarrow.fs
-# imports _s3fs in a try block): Flight RPC, the S3 filesystem, C++ headers and sources, tests
 # Pinned distributions PyPI serves only as a source archive, all pure Python: built into a py3-none-any
 # wheel here (``pip wheel --no-deps``), which installs anywhere. omegaconf's parser runtime is one.
 SDIST_ONLY = {"antlr4-python3-runtime"}
+# pyarrow members datasets never loads (checked with readelf: lib.so needs neither; pyarrow.fs
+# imports _s3fs in a try block): Flight RPC, the S3 filesystem, C++ headers and sources, tests
 PYARROW_DROP = ["pyarrow/libarrow_flight.so*", "pyarrow/libarrow_python_flight.so*", "pyarrow/_flight.*",
                 "pyarrow/libarrow_s3.so*", "pyarrow/_s3fs.*", "pyarrow/include/*", "pyarrow/src/*",
                 "pyarrow/tests/*"]
