@@ -10,29 +10,20 @@ metadata (``importlib.metadata.version``) still sees it, which the wheel ``statu
 """
 
 import importlib.metadata as md
+import importlib.util
 from importlib.machinery import PathFinder
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[2]
-
-
-def _key(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
-def _names(path: Path) -> set[str]:
-    out = set()
-    for ln in path.read_text().splitlines():
-        ln = ln.split("#")[0].strip()
-        if ln:
-            out.add(_key(ln.split("==")[0]))
-    return out
-
-
-_ALLOWED = _names(_ROOT / "scripts" / "gpu_image_packages.txt") | _names(_ROOT / "scripts" / "gpu_smoke_wheels.txt")
-_ALLOWED |= {"eto-train"}
+# the wheel list's own reader (scripts/gpu_smoke_wheels.py: pins, _key), loaded by path so that scripts/ is not
+# put on every process's sys.path
+_spec = importlib.util.spec_from_file_location("_gpu_smoke_wheels", _ROOT / "scripts" / "gpu_smoke_wheels.py")
+_wheels = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_wheels)
+_ALLOWED = {_wheels._key(p.split("==")[0]) for p in
+            _wheels.pins() + _wheels.pins(_ROOT / "scripts" / "gpu_image_packages.txt")} | {"eto-train"}
 HIDDEN = frozenset(top for top, dists in md.packages_distributions().items()
-                   if not any(_key(d) in _ALLOWED for d in dists))
+                   if not any(_wheels._key(d) in _ALLOWED for d in dists))
 _find = PathFinder.find_spec.__func__
 
 
