@@ -141,9 +141,10 @@ class RealTrain(_Part):
     dtypes: list[Literal["float32", "bfloat16"]] = Field(min_length=1)  # bfloat16: bf16 autocast
     bc: dict[str, Any]   # bc keys over the run's (TRL's names)
     dpo: dict[str, Any]  # eto.dpo keys over the run's
-    profile: bool        # BC's steps under torch.profiler: where the time goes, the matmuls' share
+    profile: bool        # BC's and DPO's steps under torch.profiler: where the time goes, the matmuls' share
     warmup: int = Field(ge=0)  # steps left out of the rate (a torch.compile's first steps compile)
     head_baseline: bool  # also train with TRL's LM head over every position (its CPU default), side by side
+    mask_baseline: bool  # also train with the padding mask kept (no causal_right_padding), side by side
 
 
 class RealBench(_Part):

@@ -281,25 +281,28 @@ def training(real, out: Path, peak: dict) -> dict:
         if (p := trajectory_pair(ep, other)) is not None:
             pairs.append({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected})
     res = {"parameters": n_params, "threads": threads, "bc": {}, "dpo": {}}
-    # the LM head over the labelled positions only (training/lm_head.py, what the trainers do), and with
-    # t.head_baseline also over every position (TRL's own choice on the CPU), alternated on the same batches
-    heads = ["labelled"] + (["every position"] if t.head_baseline else [])
+    # what the trainers do (the LM head over the labelled positions only, training/lm_head.py; right-padded rows
+    # causal without their mask, training/right_padding.py), and beside it, on the same batches, each baseline:
+    # with t.head_baseline the head over every position (TRL's own choice on the CPU), with t.mask_baseline the
+    # padding mask kept (transformers' own)
+    variants = [""] + [v for v, on in ((HEAD_BASELINE, t.head_baseline), (MASK_BASELINE, t.mask_baseline)) if on]
     for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
-        for head in heads:
-            key = dtype if head == "labelled" else f"{dtype}, {head}"
+        for variant in variants:
+            key = f"{dtype}, {variant}" if variant else dtype
             res["bc"][key], res["dpo"][key] = _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads,
-                                                            n_params, dtype, head, res)
+                                                            n_params, dtype, variant, res)
     for k in ("bc", "dpo"):  # bf16 against fp32: the same steps on the same batches, losses within bf16's tolerance
         if {"float32", "bfloat16"} <= res[k].keys():
             a, b = res[k]["float32"]["losses"], res[k]["bfloat16"]["losses"]
             res[k]["bf16_speedup"] = res[k]["bfloat16"]["tokens_per_s"] / res[k]["float32"]["tokens_per_s"]
             res[k]["loss_max_abs_diff"] = max(abs(u - v) for u, v in zip(a, b)) if a and b else None
-        for dtype in t.dtypes:  # labelled positions only against every position: speed, and the same losses
-            if (base := res[k].get(f"{dtype}, every position")) is not None:
-                x = res[k][dtype]
-                res[k].setdefault("head_speedup", {})[dtype] = {
-                    "speedup": x["tokens_per_s"] / base["tokens_per_s"],
-                    "loss_max_abs_diff": max(abs(u - v) for u, v in zip(x["losses"], base["losses"]))}
+        for dtype in t.dtypes:  # the trainers against each baseline: speed, and the same losses
+            for variant, name in ((HEAD_BASELINE, "head_speedup"), (MASK_BASELINE, "mask_speedup")):
+                if (base := res[k].get(f"{dtype}, {variant}")) is not None:
+                    x = res[k][dtype]
+                    res[k].setdefault(name, {})[dtype] = {
+                        "speedup": x["tokens_per_s"] / base["tokens_per_s"],
+                        "loss_max_abs_diff": max(abs(u - v) for u, v in zip(x["losses"], base["losses"]))}
     return res
 
 
@@ -331,25 +334,31 @@ def _profiled(enabled: bool, path: Path):
     path.write_text(events.table(sort_by="self_cpu_time_total", row_limit=40), encoding="utf-8")
 
 
-def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params, dtype, head, res):
-    """BC's and DPO's steps at one dtype and LM-head setting: their tokens/s and fraction of the peak."""
+HEAD_BASELINE, MASK_BASELINE = "every position", "padding mask"
+
+
+def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params, dtype, variant, res):
+    """BC's and DPO's steps at one dtype, as the trainers run them (``variant`` "") or as one baseline
+    (:data:`HEAD_BASELINE`, :data:`MASK_BASELINE`): their tokens/s and fraction of the peak."""
     from datasets import Dataset
 
     from eto_train.config import BCSection, DPOSection
     from eto_train.model.load import load_model
     from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
     from eto_train.training.lm_head import score_labelled_only
+    from eto_train.training.right_padding import causal_right_padding
     from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
 
     bf16 = {"bf16": dtype == "bfloat16"}
-    tag = dtype if head == "labelled" else f"{dtype}_every_position"
+    tag = f"{dtype}_{variant.replace(' ', '_')}" if variant else dtype
     # every step logged with the tokens and seconds so far: the rate can leave out the first t.warmup steps
     per_step = {"logging_steps": 1, "include_num_input_tokens_seen": "non_padding"}
     bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", **per_step,
           "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.bc}
     trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                            sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
-    score_labelled_only(head == "labelled")  # after make_trainer, which switches it on
+    score_labelled_only(variant != HEAD_BASELINE)  # after make_trainer, which switches both on
+    causal_right_padding(trainer.model, variant != MASK_BASELINE)
     with _profiled(t.profile, out / f"profile_bc_{tag}.txt") as where:
         r = trainer.train()
     if where:
@@ -368,8 +377,12 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     t0 = time.perf_counter()
     tr = make_dpo_trainer(load_model(path), None, tok, dataset, args)
     ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
-    score_labelled_only(head == "labelled")  # the baseline: TRL's own head for the training steps
-    r = tr.train()
+    score_labelled_only(variant != HEAD_BASELINE)  # a baseline's training steps (its reference pass ran as the trainers')
+    causal_right_padding(tr.model, variant != MASK_BASELINE)
+    with _profiled(t.profile, out / f"profile_dpo_{tag}.txt") as where:
+        r = tr.train()
+    if where:
+        res.setdefault("profile", {})[f"dpo/{tag}"] = where
     score_labelled_only()
     ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
     per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
@@ -378,7 +391,7 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
         policy_tokens, seconds = _after_warmup(tr, t.warmup)
     dpo_res = _fraction(policy_tokens, seconds, 6 * n_params, peak, threads, dtype,
                         steps=r.global_step, losses=_losses(tr), pairs=len(pairs), warmup=t.warmup)
-    if head == "labelled":  # (the baseline's reference pass ran with the labelled-only head too)
+    if not variant:  # (a baseline's reference pass ran as the trainers' does)
         dpo_res["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype)
     return bc_res, dpo_res
 
@@ -403,9 +416,29 @@ def _losses(trainer) -> list[float]:
 def _fraction(tokens: int, seconds: float, flops_per_token: float, peak: dict, threads: int, dtype: str,
               **extra) -> dict:
     gflops = tokens * flops_per_token / seconds / 1e9
-    ceiling = peak["peak"].get(f"{dtype}/{threads}")
+    ceiling = peak["peak"].get(key := f"{dtype}/{threads}")
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "gflops": gflops,
-            "fraction_of_peak": gflops / ceiling if ceiling else None, **extra}
+            "fraction_of_peak": gflops / ceiling if ceiling else None, "peak_key": key, **extra}
+
+
+def _highest_peak(res: dict, again: dict) -> None:
+    """The ceiling is the higher of the peaks measured before and after the training (a busy moment during
+    one measurement would otherwise lower the ceiling and raise every fraction): ``res['matmul']['peak']``
+    becomes the higher of each, both measurements are kept, and every training figure's fraction is taken
+    against it."""
+    first = res["matmul"]
+    first["measured"] = [dict(first["peak"]), dict(again["peak"])]
+    first["peak"] = {k: max(v, again["peak"].get(k, v)) for k, v in first["peak"].items()}
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "peak_key" in node and node.get("gflops") is not None:
+                ceiling = first["peak"].get(node["peak_key"])
+                node["fraction_of_peak"] = node["gflops"] / ceiling if ceiling else None
+            for v in node.values():
+                walk(v)
+
+    walk(res.get("training"))
 
 
 # -- the section ------------------------------------------------------------------------------------
@@ -440,6 +473,8 @@ def run(cfg) -> dict:
             keep()
     if "training" in real.parts:
         res["training"] = training(real, out, peak)
+        _highest_peak(res, matmul_peak())
+        print(f"[bench real] matmul peak, the higher of before and after the training {peak['peak']}", flush=True)
         keep()
     return res
 
@@ -480,18 +515,21 @@ def training_rows(t, tr) -> None:
     for k in ("bc", "dpo"):
         for dtype, x in tr[k].items():
             if isinstance(x, dict) and "tokens_per_s" in x:
-                t.add_row(f"{k.upper()} on the real model, {dtype}{' autocast' if dtype.startswith('bfloat16') else ''}, "
-                          f"{tr['threads']} thread(s)",
+                d, _, variant = dtype.partition(", ")  # "bfloat16" or "bfloat16, padding mask" (a baseline)
+                t.add_row(f"{k.upper()} on the real model, {d}{' autocast' if d == 'bfloat16' else ''}"
+                          f"{f' ({variant})' if variant else ''}, {tr['threads']} thread(s)",
                           f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_peak']:.0f}% "
-                          f"of the {dtype} peak (target >= 40%); losses {', '.join(f'{v:.3f}' for v in x['losses'])}")
+                          f"of the {d} peak (target >= 40%); losses {', '.join(f'{v:.3f}' for v in x['losses'])}")
         for name, w in (tr.get("profile") or {}).items():
             if name.startswith(k + "/"):
                 top = ", ".join(f"{op} {100 * v:.0f}%" for op, v in list(w["top"].items())[:6])
                 t.add_row(f"{name.upper()}: where the CPU time goes (torch.profiler, self time)",
                           f"matmuls {100 * w['matmul_share']:.0f}%; top: {top}")
-        for dtype, h in (tr[k].get("head_speedup") or {}).items():
-            t.add_row(f"{k.upper()} {dtype}: LM head over the labelled positions / over every position (TRL on the CPU)",
-                      f"{h['speedup']:.2f}x tok/s; losses differ by at most {h['loss_max_abs_diff']:.2g}")
+        for name, what in (("head_speedup", "LM head over the labelled positions / over every position (TRL on the CPU)"),
+                           ("mask_speedup", "right-padded rows causal / with their padding mask (transformers)")):
+            for dtype, h in (tr[k].get(name) or {}).items():
+                t.add_row(f"{k.upper()} {dtype}: {what}",
+                          f"{h['speedup']:.2f}x tok/s; losses differ by at most {h['loss_max_abs_diff']:.2g}")
         if "bf16_speedup" in tr[k]:
             t.add_row(f"{k.upper()}: bf16 autocast / fp32", f"{tr[k]['bf16_speedup']:.2f}x tok/s; losses differ by at most "
                       f"{tr[k]['loss_max_abs_diff']:.4f}")

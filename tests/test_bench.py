@@ -252,3 +252,21 @@ def test_training_rate_after_warmup_leaves_out_the_first_steps():
     assert _after_warmup(trainer, 2) == (200, 4.0)  # steps 3 and 4: 200 tokens in 4 s (the 120 s compile left out)
     with pytest.raises(ValueError, match="bench.real.train.warmup=4"):
         _after_warmup(trainer, 4)
+
+
+def test_training_fractions_are_taken_against_the_higher_peak_of_before_and_after():
+    """A busy moment while the peak is measured would lower the ceiling and raise every fraction: the
+    training's fractions are against the higher of the peaks measured before and after it (both kept)."""
+    from bench_real import _fraction, _highest_peak
+
+    before = {"peak": {"float32/2": 100.0, "bfloat16/2": 400.0}}
+    bc = _fraction(tokens=1000, seconds=10.0, flops_per_token=6e9, peak=before, threads=2, dtype="bfloat16")
+    assert bc["gflops"] == 600.0 and bc["fraction_of_peak"] == 1.5  # against the low (busy) bf16 reading
+    res = {"matmul": before, "training": {"bc": {"bfloat16": bc}, "dpo": {"float32": {"reference_pass": _fraction(
+        tokens=100, seconds=1.0, flops_per_token=2e8, peak=before, threads=2, dtype="float32")}}}}
+    _highest_peak(res, {"peak": {"float32/2": 80.0, "bfloat16/2": 800.0}})
+    assert res["matmul"]["peak"] == {"float32/2": 100.0, "bfloat16/2": 800.0}
+    assert res["matmul"]["measured"] == [{"float32/2": 100.0, "bfloat16/2": 400.0},
+                                         {"float32/2": 80.0, "bfloat16/2": 800.0}]
+    assert bc["fraction_of_peak"] == 0.75                                               # 600 / 800
+    assert res["training"]["dpo"]["float32"]["reference_pass"]["fraction_of_peak"] == 0.2  # 20 / 100
