@@ -144,7 +144,7 @@ class RealTrain(_Part):
     profile: bool        # BC's and DPO's steps under torch.profiler: where the time goes, the matmuls' share
     warmup: int = Field(ge=0)  # steps left out of the rate (a torch.compile's first steps compile)
     head_baseline: bool  # also train with TRL's LM head over every position (its CPU default), side by side
-    mask_baseline: bool  # also train with the padding mask kept (no causal_right_padding), side by side
+    mask_baseline: bool  # also train padded, with the padding mask (no unpad_right_padding), side by side
 
 
 class RealBench(_Part):

@@ -282,9 +282,9 @@ def training(real, out: Path, peak: dict) -> dict:
             pairs.append({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected})
     res = {"parameters": n_params, "threads": threads, "bc": {}, "dpo": {}}
     # what the trainers do (the LM head over the labelled positions only, training/lm_head.py; right-padded rows
-    # causal without their mask, training/right_padding.py), and beside it, on the same batches, each baseline:
+    # packed without their padding, training/right_padding.py), and beside it, on the same batches, each baseline:
     # with t.head_baseline the head over every position (TRL's own choice on the CPU), with t.mask_baseline the
-    # padding mask kept (transformers' own)
+    # batch padded with its mask (transformers' own)
     variants = [""] + [v for v, on in ((HEAD_BASELINE, t.head_baseline), (MASK_BASELINE, t.mask_baseline)) if on]
     for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
         for variant in variants:
@@ -346,7 +346,7 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     from eto_train.model.load import load_model
     from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
     from eto_train.training.lm_head import score_labelled_only
-    from eto_train.training.right_padding import causal_right_padding
+    from eto_train.training.right_padding import unpad_right_padding
     from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
 
     bf16 = {"bf16": dtype == "bfloat16"}
@@ -358,7 +358,7 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                            sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
     score_labelled_only(variant != HEAD_BASELINE)  # after make_trainer, which switches both on
-    causal_right_padding(trainer.model, variant != MASK_BASELINE)
+    unpad_right_padding(trainer.model, variant != MASK_BASELINE)
     with _profiled(t.profile, out / f"profile_bc_{tag}.txt") as where:
         r = trainer.train()
     if where:
@@ -378,7 +378,7 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     tr = make_dpo_trainer(load_model(path), None, tok, dataset, args)
     ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
     score_labelled_only(variant != HEAD_BASELINE)  # a baseline's training steps (its reference pass ran as the trainers')
-    causal_right_padding(tr.model, variant != MASK_BASELINE)
+    unpad_right_padding(tr.model, variant != MASK_BASELINE)
     with _profiled(t.profile, out / f"profile_dpo_{tag}.txt") as where:
         r = tr.train()
     if where:
@@ -526,7 +526,7 @@ def training_rows(t, tr) -> None:
                 t.add_row(f"{name.upper()}: where the CPU time goes (torch.profiler, self time)",
                           f"matmuls {100 * w['matmul_share']:.0f}%; top: {top}")
         for name, what in (("head_speedup", "LM head over the labelled positions / over every position (TRL on the CPU)"),
-                           ("mask_speedup", "right-padded rows causal / with their padding mask (transformers)")):
+                           ("mask_speedup", "right-padded rows packed / padded with their mask (transformers)")):
             for dtype, h in (tr[k].get(name) or {}).items():
                 t.add_row(f"{k.upper()} {dtype}: {what}",
                           f"{h['speedup']:.2f}x tok/s; losses differ by at most {h['loss_max_abs_diff']:.2g}")

@@ -1,13 +1,23 @@
-"""Right-padded training batches attend causally, without their mask (eto_train.training.right_padding)."""
+"""Right-padded training batches run packed, without their padding (eto_train.training.right_padding)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 from eto_train.model.load import load_model
 from eto_train.training import right_padding
-from eto_train.training.right_padding import causal_right_padding, is_right_padding
+from eto_train.training.right_padding import is_right_padding, unpad_right_padding
+
+
+@pytest.fixture
+def unhook():
+    hooked = []
+    yield hooked
+    for m in hooked:
+        unpad_right_padding(m, enabled=False)
 
 
 def test_right_padding_is_ones_then_zeros():
@@ -21,13 +31,13 @@ def test_right_padding_is_ones_then_zeros():
 
 
 def _batch():
-    """Two rows of 9 and 5 real tokens, padded on the right to 9; labels on some real tokens only."""
+    """Three rows of 9, 5 and 7 real tokens, padded on the right to 9; labels on some real tokens only."""
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 300, (2, 9), generator=g)
-    mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
-    ids[1, 5:] = 0
+    ids = torch.randint(5, 300, (3, 9), generator=g)
+    mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 7 + [0] * 2])
+    ids[mask == 0] = 0
     labels = torch.full_like(ids, -100)
-    labels[0, 3:7], labels[1, 2:5] = ids[0, 3:7], ids[1, 2:5]
+    labels[0, 3:7], labels[1, 2:5], labels[2, 1:7] = ids[0, 3:7], ids[1, 2:5], ids[2, 1:7]
     return ids, mask, labels
 
 
@@ -39,64 +49,114 @@ def _run(model, ids, mask, labels):
                                                    if p.grad is not None}
 
 
-def test_the_real_tokens_compute_the_same_without_the_mask(tiny_model_dir, monkeypatch):
-    """The same batch with its padding mask and causally without it: every real position's logits, the loss
-    and every gradient equal (fp32); only the padding positions' logits differ. The decoder sees no mask."""
-    model = load_model(str(tiny_model_dir))
-    ids, mask, labels = _batch()
+def _spy(monkeypatch, decoder):
+    """What the decoder's own forward receives (after the pre-hook)."""
     seen = []
-    decoder = model.get_decoder()
-    monkeypatch.setattr(decoder, "forward", lambda *a, _f=decoder.forward, **k: seen.append(k["attention_mask"])
-                        or _f(*a, **k))
-    assert causal_right_padding(model, enabled=False) is False
+    forward = decoder.forward
+    monkeypatch.setattr(decoder, "forward", lambda *a, **k: seen.append(k) or forward(*a, **k))
+    return seen
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_real_tokens_compute_the_same_packed(tiny_model_dir, monkeypatch, unhook, checkpointing):
+    """The same batch padded under its mask and packed: every real position's logits, the loss and every
+    gradient equal (fp32), also when activation checkpointing recomputes the layers in the backward (they
+    must attend per row again). Packed, the decoder gets one row of the 21 real tokens, their positions
+    restarting at each row, and no mask; padding positions come back as the LM head of zeros."""
+    model = load_model(str(tiny_model_dir))
+    if checkpointing:
+        model.activation_checkpointing_enable()
+        model.train()
+    ids, mask, labels = _batch()
+    seen = _spy(monkeypatch, model.get_decoder())
+    assert unpad_right_padding(model, enabled=False) is False
     before = _run(model, ids, mask, labels)
-    assert causal_right_padding(model) is True and causal_right_padding(model) is True  # idempotent
+    assert unpad_right_padding(model) is True and unpad_right_padding(model) is True  # idempotent
+    unhook.append(model)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *a, **k: calls.append((q.shape[2], k.get("is_causal"))) or sdpa(q, *a, **k))
     after = _run(model, ids, mask, labels)
-    assert seen[0] is mask and seen[1] is None
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    layers = model.config.num_hidden_layers  # each layer attends per row, causally (recomputed: once more)
+    assert calls == [(9, True), (5, True), (7, True)] * layers * (2 if checkpointing else 1)
+    assert seen[0]["attention_mask"] is mask and seen[0]["input_ids"].shape == (3, 9)
+    assert seen[1]["attention_mask"] is None and seen[1]["input_ids"].tolist() == [ids[mask.bool()].tolist()]
+    assert seen[1]["position_ids"].tolist() == [list(range(9)) + list(range(5)) + list(range(7))]
+    assert seen[1]["eto_row_spans"] == [(0, 9), (9, 14), (14, 21)]
     real = mask.bool()
     torch.testing.assert_close(after[0][real], before[0][real], rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(after[0][~real], before[0][~real])  # padding positions: attended causally now
+    bias = model.lm_head(torch.zeros(1, model.config.hidden_size)).detach()
+    torch.testing.assert_close(after[0][~real], bias.expand(int((~real).sum()), -1))  # padding: hidden states 0
     assert after[1] == pytest.approx(before[1], rel=1e-6)
     assert before[2].keys() == after[2].keys() and before[2]
     for name, grad in before[2].items():
         torch.testing.assert_close(after[2][name], grad, rtol=1e-4, atol=1e-6)
-    assert causal_right_padding(model, enabled=False) is False  # removed: the mask reaches the decoder again
+    assert unpad_right_padding(model, enabled=False) is False  # removed: the batch reaches the decoder as it is
     _run(model, ids, mask, labels)
-    assert seen[2] is mask
+    assert seen[2]["attention_mask"] is mask and "eto_row_spans" not in seen[2]
 
 
-def test_other_masks_and_calls_keep_their_mask(tiny_model_dir, monkeypatch):
-    """Left padding, explicit positions and a cache keep the mask; so does every call of an attention
-    implementation other than SDPA and eager."""
+def test_other_batches_and_calls_are_left_as_they_are(tiny_model_dir, monkeypatch, unhook):
+    """Left padding, explicit positions, a batch without padding and a model on another attention
+    implementation reach the decoder unchanged."""
     model = load_model(str(tiny_model_dir))
-    decoder = model.get_decoder()
-    seen = []
-    monkeypatch.setattr(decoder, "forward", lambda *a, _f=decoder.forward, **k: seen.append(k["attention_mask"])
-                        or _f(*a, **k))
-    causal_right_padding(model)
+    seen = _spy(monkeypatch, model.get_decoder())
+    unpad_right_padding(model)
+    unhook.append(model)
     ids, mask, _ = _batch()
     left = mask.flip(1)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=left)
-        model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(9).expand(2, 9))
-        model(input_ids=ids, attention_mask=mask)
-    assert seen[0] is left and seen[1] is mask and seen[2] is None
+        model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(9).expand(3, 9))
+        model(input_ids=ids, attention_mask=torch.ones_like(mask))
+    assert [k["input_ids"].shape for k in seen] == [(3, 9)] * 3
+    assert seen[0]["attention_mask"] is left and "eto_row_spans" not in seen[1] and "eto_row_spans" not in seen[2]
     monkeypatch.setattr(right_padding, "ATTENTION", frozenset({"eager"}))  # as if this model ran another one
-    assert causal_right_padding(model) is False  # and the hook is gone
+    assert unpad_right_padding(model) is False  # and the hooks are gone
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
-    assert seen[3] is mask
+    assert seen[3]["attention_mask"] is mask
 
 
-def test_a_peft_model_is_hooked_on_its_decoder(tiny_model_dir):
-    """PEFT's tuner calls the causal LM's forward directly: the hook sits on the decoder it calls as a module."""
+def test_a_copy_packs_its_own_rows_and_a_failed_forward_leaves_nothing_behind(tiny_model_dir, unhook):
+    """A deep copy (a DPO reference made from the policy) runs its own weights packed; a forward that
+    raises leaves no packed state on the decoder, and the next call is packed afresh."""
+    model = load_model(str(tiny_model_dir))
+    unpad_right_padding(model)
+    unhook.append(model)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        ref.get_decoder().norm.weight.mul_(2.0)
+    ids, mask, _ = _batch()
+    real = mask.bool()
+    with torch.no_grad():
+        a, b = model(input_ids=ids, attention_mask=mask).logits, ref(input_ids=ids, attention_mask=mask).logits
+        padded = ref(input_ids=ids, attention_mask=mask.clone().fill_(1)).logits  # no padding: not packed
+    assert not torch.allclose(a[real], b[real])
+    torch.testing.assert_close(b[0], padded[0], rtol=1e-5, atol=1e-5)  # row 0 has no padding: the same either way
+    decoder = model.get_decoder()
+    layer = decoder.layers[0]
+    boom = layer.register_forward_pre_hook(lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        model(input_ids=ids, attention_mask=mask)
+    boom.remove()
+    assert "_eto_packed" not in decoder.__dict__
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, a)
+
+
+def test_a_peft_model_is_packed_on_its_decoder(tiny_model_dir, unhook):
+    """PEFT's tuner calls the causal LM's forward directly: the hooks sit on the decoder it calls as a module."""
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(load_model(str(tiny_model_dir)), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     ids, mask, labels = _batch()
     with_mask = model(input_ids=ids, attention_mask=mask, labels=labels)
-    assert causal_right_padding(model) is True
-    causal = model(input_ids=ids, attention_mask=mask, labels=labels)
+    assert unpad_right_padding(model) is True
+    unhook.append(model)
+    packed = model(input_ids=ids, attention_mask=mask, labels=labels)
     real = mask.bool()
-    torch.testing.assert_close(causal.logits[real], with_mask.logits[real], rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(causal.logits[~real], with_mask.logits[~real])
+    torch.testing.assert_close(packed.logits[real], with_mask.logits[real], rtol=1e-5, atol=1e-5)
+    assert packed.loss.item() == pytest.approx(with_mask.loss.item(), rel=1e-6)

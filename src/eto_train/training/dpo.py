@@ -124,12 +124,12 @@ def make_dpo_trainer(model, ref_model, tokenizer, dataset, args: DPOConfig, peft
     from trl.trainer.callbacks import RichProgressCallback
 
     from .lm_head import score_labelled_only
-    from .right_padding import causal_right_padding
+    from .right_padding import unpad_right_padding
 
     score_labelled_only()  # the action tokens only through the LM head on the CPU too (lm_head.py)
-    for m in (model, ref_model):  # rows flushed left, padded on the right: causal attention (right_padding.py)
+    for m in (model, ref_model):  # rows flushed left, padded on the right: packed, no padding (right_padding.py)
         if m is not None:
-            causal_right_padding(m)
+            unpad_right_padding(m)
     collator = ActionMaskPreferenceCollator(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length,
                                             truncation_mode=args.truncation_mode)
     trainer = ActionMaskedDPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=dataset,

@@ -1,33 +1,38 @@
-"""Right-padded training batches attend causally, without their padding mask.
+"""Right-padded training batches run without their padding: the rows packed into one sequence.
 
-TRL's SFT and DPO collators pad every row on the right (DPO flushes each prompt + completion to the
-left first), and hand the model a 2-D padding mask. transformers turns that mask into a 4-D one and
-SDPA then runs its masked kernel: every query against every key, with no causal block skipping
-(torch's CPU flash-attention kernel skips the blocks above the diagonal only with ``is_causal``).
-With right padding the mask changes nothing a loss reads: a real token at position i attends to
-positions 0..i, all real, under plain causal attention; only the padding positions' outputs
-differ, and they carry no label (SFT: -100) and no completion mask (DPO). Positions are the same
-too (a row starts at 0 either way).
+TRL's SFT and DPO collators pad every row on the right to the batch's longest (DPO flushes each prompt +
+completion to the left first) and hand the model a 2-D padding mask. transformers then computes every
+padding position through every layer, and turns the mask into a 4-D one, so SDPA runs its masked kernel:
+every query against every key, with no causal block skipping (torch's CPU flash-attention kernel skips
+the blocks above the diagonal only with ``is_causal``). Nothing a loss reads comes from a padding
+position: SFT labels them -100, DPO's completion mask is 0 there.
 
-:func:`causal_right_padding` drops such a mask before the model sees it (a forward pre-hook), so
-the model runs causal attention; the batch keeps its mask for everything else the trainer computes.
-On SmolLM2-135M (batch 4, rows of 450-700 tokens, the CPU) the attention of a BC step takes about
-30% less time; docs/bench.md has the trainers' figures. Neither transformers (it skips a mask only
-when it has no padding at all, since padding positions' outputs may matter to a caller) nor TRL has
-the option: written by hand.
+:func:`unpad_right_padding` makes the model's decoder stack take such a batch as one packed sequence of
+its real tokens (each row's positions from 0), attend within each row causally (SDPA per row, its
+``is_causal`` kernel: :func:`row_attention`, told the rows by a keyword every layer passes on, so
+activation checkpointing recomputes the same), and put the hidden states back in the batch's padded
+shape (zeros at padding) for the LM head and the trainer, which keep the batch's mask for the rest.
+Every real token computes what it computes under the mask (fp32: equal to rounding). On SmolLM2-135M
+(the CPU, bf16 autocast) a BC step ran 1.32x faster with the causal kernel alone (the mask dropped,
+the padding still computed) and packing saves the padding's share on top (docs/bench.md). transformers
+packs only for flash-attention 2 (which unpads a masked batch itself); TRL's padding-free collation is
+SFT-only and needs that kernel (and is off in its DPO): written by hand.
 
-Left alone: any mask that is not right padding (left padding, packed rows), a call with position ids,
-a cache or multimodal inputs, and attention implementations other than SDPA and eager (flash-
-attention 2 unpads a masked batch itself).
+Left alone: a mask that is not right padding (left padding, packed rows), a batch without padding (the
+model attends causally already), a call with position ids, a cache, multimodal inputs or asking for
+every layer's hidden states or attentions, and attention implementations other than SDPA.
 """
 
 from __future__ import annotations
 
 import torch
 
-_HOOKED = "_eto_causal_right_padding"
-ATTENTION = frozenset({"sdpa", "eager"})
-KEEP_MASK_WITH = ("position_ids", "cache", "past_key_values", "token_type_ids", "mm_token_type_ids", "pixel_values")
+_HOOKED = "_eto_unpad_right_padding"
+ATTENTION = frozenset({"sdpa"})
+SPANS = "eto_row_spans"  # the keyword that carries a packed forward's rows to every attention call
+KEEP_BATCH_WITH = ("position_ids", "cache", "past_key_values", "inputs_embeds", "token_type_ids",
+                   "mm_token_type_ids", "pixel_values", "output_hidden_states", "output_attentions")
+_SDPA: list = []  # transformers' own SDPA attention function, once row_attention stands in for it
 
 
 def is_right_padding(mask) -> bool:
@@ -38,28 +43,80 @@ def is_right_padding(mask) -> bool:
     return bool(((m == 0) | (m == 1)).all()) and bool((m[:, 1:] <= m[:, :-1]).all())
 
 
-def _drop_right_padding_mask(module, args, kwargs):
-    if any(kwargs.get(k) is not None for k in KEEP_MASK_WITH) or len(args) > 1:
+def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, eto_row_spans=None,
+                  **kwargs):
+    """transformers' SDPA attention, but for a packed sequence (``eto_row_spans``: each row's [start, end) in
+    ``query`` ``[1, heads, tokens, d]``): each row's span attends to itself causally, through SDPA's causal
+    kernel (key-value heads shared as grouped-query attention), whatever mask transformers built."""
+    if eto_row_spans is None:
+        return _SDPA[0](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    import torch.nn.functional as F
+
+    gqa = query.shape[1] != key.shape[1]
+    p = dropout if module.training else 0.0
+    out = torch.cat([F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=p,
+                                                     is_causal=True, scale=scaling, enable_gqa=gqa)
+                     for a, b in eto_row_spans], dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    """row_attention stands in for transformers' "sdpa" (the same function for every call without
+    ``eto_row_spans``): the layers pick their attention by the config's name at every call, activation
+    checkpointing's recomputation included, and pass it the decoder's keywords."""
+    from transformers import AttentionInterface
+
+    if not _SDPA:
+        _SDPA.append(AttentionInterface._global_mapping["sdpa"])
+        AttentionInterface.register("sdpa", row_attention)
+
+
+def _pack(decoder, args, kwargs):
+    """Forward pre-hook of the decoder stack: a right-padded batch becomes one packed sequence."""
+    mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+    if (args or ids is None or any(kwargs.get(k) is not None and kwargs.get(k) is not False for k in KEEP_BATCH_WITH)
+            or not is_right_padding(mask) or bool(mask.all())):
         return None
-    if is_right_padding(kwargs.get("attention_mask")):
-        return args, {**kwargs, "attention_mask": None}
-    return None
+    lengths = mask.sum(1).tolist()
+    real = mask.reshape(-1).nonzero().squeeze(1)
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    decoder._eto_packed = (real, ids.shape)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(ids.device)
+    return args, {**kwargs, "input_ids": ids.reshape(-1)[real][None], "attention_mask": None,
+                  "position_ids": positions, "use_cache": False, SPANS: list(zip([0] + ends[:-1], ends))}
 
 
-def causal_right_padding(model, enabled: bool = True) -> bool:
-    """Make ``model`` (a transformers causal LM, or a PEFT model over one) attend causally to right-padded
-    batches (``enabled``), or keep their masks again (``enabled=False``, the bench's baseline). Idempotent.
-    Returns whether the hook is in place; False also for an attention implementation it leaves alone."""
+def _unpack(decoder, args, kwargs, out):
+    """Forward hook of the decoder stack (also when the forward raised): the packed hidden states back in
+    the batch's padded shape."""
+    packed = decoder.__dict__.pop("_eto_packed", None)
+    if packed is None or out is None:  # not packed; or the forward raised, and that propagates
+        return None
+    real, (rows, width) = packed
+    h = out.last_hidden_state[0]
+    out.last_hidden_state = h.new_zeros(rows * width, h.shape[-1]).index_copy(0, real, h).view(rows, width, -1)
+    return out
+
+
+def unpad_right_padding(model, enabled: bool = True) -> bool:
+    """Make ``model`` (a transformers causal LM, or a PEFT model over one) run right-padded batches packed
+    (``enabled``), or as transformers does again (``enabled=False``, the bench's baseline). Idempotent.
+    Returns whether it is in place; False also for an attention implementation it leaves alone."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # the hook sits on the decoder stack, which the causal LM calls as a module (PEFT's tuner calls the
-    # causal LM's ``forward`` itself, past any hook of its own)
+    # the decoder stack, which the causal LM calls as a module: PEFT's tuner calls the causal LM's
+    # ``forward`` itself, and the LM head must see the batch's shape
     decoder = base.get_decoder()
-    handle = getattr(decoder, _HOOKED, None)
+    handles = getattr(decoder, _HOOKED, None)
     if not enabled or getattr(base.config, "_attn_implementation", None) not in ATTENTION:
-        if handle is not None:
-            handle.remove()
+        if handles is not None:
+            for h in handles:
+                h.remove()
             delattr(decoder, _HOOKED)
         return False
-    if handle is None:
-        setattr(decoder, _HOOKED, decoder.register_forward_pre_hook(_drop_right_padding_mask, with_kwargs=True))
+    if handles is None:
+        _register()
+        # hooks, not a wrapped ``forward``: a deep copy of the model (a reference made from the policy) hooks
+        # its own decoder
+        setattr(decoder, _HOOKED, (decoder.register_forward_pre_hook(_pack, with_kwargs=True),
+                                   decoder.register_forward_hook(_unpack, with_kwargs=True, always_call=True)))
     return True
