@@ -143,6 +143,7 @@ class RealTrain(_Part):
     dpo: dict[str, Any]  # eto.dpo keys over the run's
     profile: bool        # BC's and DPO's steps under torch.profiler: where the time goes, the matmuls' share
     warmup: int = Field(ge=0)  # steps left out of the rate (a torch.compile's first steps compile)
+    repeats: int = Count  # every setting trained this many times, in turn; the median run's figures
     head_baseline: bool  # also train with TRL's LM head over every position (its CPU default), side by side
     mask_baseline: bool  # also train padded, with the padding mask (no unpad_right_padding), side by side
 

@@ -286,11 +286,19 @@ def training(real, out: Path, peak: dict) -> dict:
     # with t.head_baseline the head over every position (TRL's own choice on the CPU), with t.mask_baseline the
     # batch padded with its mask (transformers' own)
     variants = [""] + [v for v, on in ((HEAD_BASELINE, t.head_baseline), (MASK_BASELINE, t.mask_baseline)) if on]
-    for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
-        for variant in variants:
-            key = f"{dtype}, {variant}" if variant else dtype
-            res["bc"][key], res["dpo"][key] = _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads,
-                                                            n_params, dtype, variant, res)
+    runs: dict = {"bc": {}, "dpo": {}}
+    for _ in range(t.repeats):  # each repeat runs every setting once, in turn: a slow moment of the box is shared
+        for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
+            for variant in variants:
+                key = f"{dtype}, {variant}" if variant else dtype
+                bc, dpo = _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params, dtype, variant,
+                                       res)
+                runs["bc"].setdefault(key, []).append(bc)
+                runs["dpo"].setdefault(key, []).append(dpo)
+    for k in ("bc", "dpo"):  # each setting's median run (by tokens/s), every run's rate beside it
+        for key, rs in runs[k].items():
+            rates = [r["tokens_per_s"] for r in rs]
+            res[k][key] = {**sorted(rs, key=lambda r: r["tokens_per_s"])[(len(rs) - 1) // 2], "runs_tokens_per_s": rates}
     for k in ("bc", "dpo"):  # bf16 against fp32: the same steps on the same batches, losses within bf16's tolerance
         if {"float32", "bfloat16"} <= res[k].keys():
             a, b = res[k]["float32"]["losses"], res[k]["bfloat16"]["losses"]

@@ -118,6 +118,13 @@ def test_other_batches_and_calls_are_left_as_they_are(tiny_model_dir, monkeypatc
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
     assert seen[3]["attention_mask"] is mask
+    monkeypatch.undo()
+    assert unpad_right_padding(model) is True
+    model.config.sliding_window = 4  # a window: rows packed would attend past it
+    assert unpad_right_padding(model) is False
+    model.config.sliding_window = None
+    model.config.model_type = "gemma2"  # soft-capping: not plain attention
+    assert unpad_right_padding(model) is False
 
 
 def test_a_copy_packs_its_own_rows_and_a_failed_forward_leaves_nothing_behind(tiny_model_dir, unhook):

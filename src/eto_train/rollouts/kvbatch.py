@@ -47,10 +47,9 @@ import time
 
 import torch
 
+from ..model import PLAIN_ATTENTION  # their decode steps use decode_attention; any other keeps its own
+
 MIN_SHARED = 16       # a prompt prefix shorter than this is computed, not copied
-# Architectures whose attention is plain scaled dot-product over the cache (no soft-capping, sinks or
-# windows): their decode steps use :func:`decode_attention`; any other keeps its own implementation
-PLAIN_ATTENTION = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 DECODE_ATTENTION = "eto_slots_decode"
 PACKED_ATTENTION = "eto_slots_packed"
 PACK_TOKENS = 4096    # new prompt tokens of a turn's rows fed in one packed forward, at most

@@ -20,12 +20,15 @@ SFT-only and needs that kernel (and is off in its DPO): written by hand.
 
 Left alone: a mask that is not right padding (left padding, packed rows), a batch without padding (the
 model attends causally already), a call with position ids, a cache, multimodal inputs or asking for
-every layer's hidden states or attentions, and attention implementations other than SDPA.
+every layer's hidden states or attentions, attention implementations other than SDPA, and models whose
+attention is not plain causal (:data:`eto_train.model.PLAIN_ATTENTION`) or has a sliding window.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ..model import PLAIN_ATTENTION, sliding_window
 
 _HOOKED = "_eto_unpad_right_padding"
 ATTENTION = frozenset({"sdpa"})
@@ -107,7 +110,9 @@ def unpad_right_padding(model, enabled: bool = True) -> bool:
     # ``forward`` itself, and the LM head must see the batch's shape
     decoder = base.get_decoder()
     handles = getattr(decoder, _HOOKED, None)
-    if not enabled or getattr(base.config, "_attn_implementation", None) not in ATTENTION:
+    config = base.config
+    if (not enabled or getattr(config, "_attn_implementation", None) not in ATTENTION
+            or getattr(config, "model_type", None) not in PLAIN_ATTENTION or sliding_window(config)):
         if handles is not None:
             for h in handles:
                 h.remove()
