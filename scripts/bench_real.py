@@ -298,7 +298,8 @@ def training(real, out: Path, peak: dict) -> dict:
     for k in ("bc", "dpo"):  # each setting's median run (by tokens/s), every run's rate beside it
         for key, rs in runs[k].items():
             rates = [r["tokens_per_s"] for r in rs]
-            res[k][key] = {**sorted(rs, key=lambda r: r["tokens_per_s"])[(len(rs) - 1) // 2], "runs_tokens_per_s": rates}
+            median = sorted(rs, key=lambda r: r["tokens_per_s"])[(len(rs) - 1) // 2]
+            res[k][key] = {**median, "runs_tokens_per_s": rates}
     for k in ("bc", "dpo"):  # bf16 against fp32: the same steps on the same batches, losses within bf16's tolerance
         if {"float32", "bfloat16"} <= res[k].keys():
             a, b = res[k]["float32"]["losses"], res[k]["bfloat16"]["losses"]
@@ -385,7 +386,8 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     t0 = time.perf_counter()
     tr = make_dpo_trainer(load_model(path), None, tok, dataset, args)
     ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
-    score_labelled_only(variant != HEAD_BASELINE)  # a baseline's training steps (its reference pass ran as the trainers')
+    # a baseline's training steps (its reference pass ran as the trainers')
+    score_labelled_only(variant != HEAD_BASELINE)
     unpad_right_padding(tr.model, variant != MASK_BASELINE)
     with _profiled(t.profile, out / f"profile_dpo_{tag}.txt") as where:
         r = tr.train()
@@ -533,7 +535,7 @@ def training_rows(t, tr) -> None:
                 top = ", ".join(f"{op} {100 * v:.0f}%" for op, v in list(w["top"].items())[:6])
                 t.add_row(f"{name.upper()}: where the CPU time goes (torch.profiler, self time)",
                           f"matmuls {100 * w['matmul_share']:.0f}%; top: {top}")
-        for name, what in (("head_speedup", "LM head over the labelled positions / over every position (TRL on the CPU)"),
+        for name, what in (("head_speedup", "LM head over the labelled positions / over every position (TRL on CPU)"),
                            ("mask_speedup", "right-padded rows packed / padded with their mask (transformers)")):
             for dtype, h in (tr[k].get(name) or {}).items():
                 t.add_row(f"{k.upper()} {dtype}: {what}",
