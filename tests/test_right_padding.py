@@ -9,7 +9,7 @@ import torch
 
 from eto_train.model.load import load_model
 from eto_train.training import right_padding
-from eto_train.training.right_padding import is_right_padding, unpad_right_padding
+from eto_train.training.right_padding import SPANS, is_right_padding, unpad_right_padding
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_the_real_tokens_compute_the_same_packed(tiny_model_dir, monkeypatch, un
     assert seen[0]["attention_mask"] is mask and seen[0]["input_ids"].shape == (3, 9)
     assert seen[1]["attention_mask"] is None and seen[1]["input_ids"].tolist() == [ids[mask.bool()].tolist()]
     assert seen[1]["position_ids"].tolist() == [list(range(9)) + list(range(5)) + list(range(7))]
-    assert seen[1]["eto_row_spans"] == [(0, 9), (9, 14), (14, 21)]
+    assert seen[1][SPANS] == [(0, 9), (9, 14), (14, 21)]
     real = mask.bool()
     torch.testing.assert_close(after[0][real], before[0][real], rtol=1e-5, atol=1e-5)
     bias = model.lm_head(torch.zeros(1, model.config.hidden_size)).detach()
@@ -95,7 +95,7 @@ def test_the_real_tokens_compute_the_same_packed(tiny_model_dir, monkeypatch, un
         torch.testing.assert_close(after[2][name], grad, rtol=1e-4, atol=1e-6)
     assert unpad_right_padding(model, enabled=False) is False  # removed: the batch reaches the decoder as it is
     _run(model, ids, mask, labels)
-    assert seen[2]["attention_mask"] is mask and "eto_row_spans" not in seen[2]
+    assert seen[2]["attention_mask"] is mask and SPANS not in seen[2]
 
 
 def test_other_batches_and_calls_are_left_as_they_are(tiny_model_dir, monkeypatch, unhook):
@@ -112,7 +112,7 @@ def test_other_batches_and_calls_are_left_as_they_are(tiny_model_dir, monkeypatc
         model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(9).expand(3, 9))
         model(input_ids=ids, attention_mask=torch.ones_like(mask))
     assert [k["input_ids"].shape for k in seen] == [(3, 9)] * 3
-    assert seen[0]["attention_mask"] is left and "eto_row_spans" not in seen[1] and "eto_row_spans" not in seen[2]
+    assert seen[0]["attention_mask"] is left and SPANS not in seen[1] and SPANS not in seen[2]
     monkeypatch.setattr(right_padding, "ATTENTION", frozenset({"eager"}))  # as if this model ran another one
     assert unpad_right_padding(model) is False  # and the hooks are gone
     with torch.no_grad():

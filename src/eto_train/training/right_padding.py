@@ -47,12 +47,12 @@ def is_right_padding(mask) -> bool:
     return bool(((m == 0) | (m == 1)).all()) and bool((m[:, 1:] <= m[:, :-1]).all())
 
 
-def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, eto_row_spans=None,
-                  **kwargs):
-    """transformers' SDPA attention, but for a packed sequence (``eto_row_spans``: each row's [start, end) in
-    ``query`` ``[1, heads, tokens, d]``): each row's span attends to itself causally, through SDPA's causal
+def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' SDPA attention, but for a packed sequence (keyword :data:`SPANS`: each row's [start, end)
+    in ``query`` ``[1, heads, tokens, d]``): each row's span attends to itself causally, through SDPA's causal
     kernel (key-value heads shared as grouped-query attention), whatever mask transformers built."""
-    if eto_row_spans is None:
+    spans = kwargs.pop(SPANS, None)
+    if spans is None:
         return _SDPA[0](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     import torch.nn.functional as F
 
@@ -60,13 +60,13 @@ def row_attention(module, query, key, value, attention_mask, scaling=None, dropo
     p = dropout if module.training else 0.0
     out = torch.cat([F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=p,
                                                      is_causal=True, scale=scaling, enable_gqa=gqa)
-                     for a, b in eto_row_spans], dim=2)
+                     for a, b in spans], dim=2)
     return out.transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:
     """row_attention stands in for transformers' "sdpa" (the same function for every call without
-    ``eto_row_spans``): the layers pick their attention by the config's name at every call, activation
+    :data:`SPANS`): the layers pick their attention by the config's name at every call, activation
     checkpointing's recomputation included, and pass it the decoder's keywords."""
     from transformers import AttentionInterface
 
