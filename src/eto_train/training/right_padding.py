@@ -27,6 +27,8 @@ attention is not plain causal (:data:`eto_train.model.PLAIN_ATTENTION`) or has a
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from ..model import PLAIN_ATTENTION, sliding_window
@@ -83,7 +85,7 @@ def _pack(decoder, args, kwargs):
         return None
     lengths = mask.sum(1).tolist()
     real = mask.reshape(-1).nonzero().squeeze(1)
-    ends = torch.tensor(lengths).cumsum(0).tolist()
+    ends = list(accumulate(lengths))
     decoder._eto_packed = (real, ids.shape)
     positions = torch.cat([torch.arange(n) for n in lengths])[None].to(ids.device)
     return args, {**kwargs, "input_ids": ids.reshape(-1)[real][None], "attention_mask": None,
