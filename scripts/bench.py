@@ -146,6 +146,7 @@ class RealTrain(_Part):
     repeats: int = Count  # every setting trained this many times, in turn; the median run's figures
     head_baseline: bool  # also train with TRL's LM head over every position (its CPU default), side by side
     mask_baseline: bool  # also train padded, with the padding mask (no unpad_right_padding), side by side
+    prefix_baseline: bool  # also train packed with every row computing its prefix (share_prefixes=False)
 
 
 class RealBench(_Part):

@@ -283,9 +283,11 @@ def training(real, out: Path, peak: dict) -> dict:
     res = {"parameters": n_params, "threads": threads, "bc": {}, "dpo": {}}
     # what the trainers do (the LM head over the labelled positions only, training/lm_head.py; right-padded rows
     # packed without their padding, training/right_padding.py), and beside it, on the same batches, each baseline:
-    # with t.head_baseline the head over every position (TRL's own choice on the CPU), with t.mask_baseline the
+    # with t.head_baseline the head over every position (TRL's own choice on the CPU), with t.prefix_baseline each
+    # row computing the prefix it has in common with others (packed, not shared), with t.mask_baseline the
     # batch padded with its mask (transformers' own)
-    variants = [""] + [v for v, on in ((HEAD_BASELINE, t.head_baseline), (MASK_BASELINE, t.mask_baseline)) if on]
+    variants = [""] + [v for v, on in ((HEAD_BASELINE, t.head_baseline), (MASK_BASELINE, t.mask_baseline),
+                                       (PREFIX_BASELINE, t.prefix_baseline)) if on]
     runs: dict = {"bc": {}, "dpo": {}}
     for _ in range(t.repeats):  # each repeat runs every setting once, in turn: a slow moment of the box is shared
         for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
@@ -306,7 +308,8 @@ def training(real, out: Path, peak: dict) -> dict:
             res[k]["bf16_speedup"] = res[k]["bfloat16"]["tokens_per_s"] / res[k]["float32"]["tokens_per_s"]
             res[k]["loss_max_abs_diff"] = max(abs(u - v) for u, v in zip(a, b)) if a and b else None
         for dtype in t.dtypes:  # the trainers against each baseline: speed, and the same losses
-            for variant, name in ((HEAD_BASELINE, "head_speedup"), (MASK_BASELINE, "mask_speedup")):
+            for variant, name in ((HEAD_BASELINE, "head_speedup"), (MASK_BASELINE, "mask_speedup"),
+                                  (PREFIX_BASELINE, "prefix_speedup")):
                 if (base := res[k].get(f"{dtype}, {variant}")) is not None:
                     x = res[k][dtype]
                     res[k].setdefault(name, {})[dtype] = {
@@ -343,7 +346,7 @@ def _profiled(enabled: bool, path: Path):
     path.write_text(events.table(sort_by="self_cpu_time_total", row_limit=40), encoding="utf-8")
 
 
-HEAD_BASELINE, MASK_BASELINE = "every position", "padding mask"
+HEAD_BASELINE, MASK_BASELINE, PREFIX_BASELINE = "every position", "padding mask", "prefixes not shared"
 
 
 def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params, dtype, variant, res):
@@ -355,7 +358,7 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     from eto_train.model.load import load_model
     from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
     from eto_train.training.lm_head import score_labelled_only
-    from eto_train.training.right_padding import unpad_right_padding
+    from eto_train.training.right_padding import reset_token_counts, token_counts, unpad_right_padding
     from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
 
     bf16 = {"bf16": dtype == "bfloat16"}
@@ -367,16 +370,18 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                            sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
     score_labelled_only(variant != HEAD_BASELINE)  # after make_trainer, which switches both on
-    unpad_right_padding(trainer.model, variant != MASK_BASELINE)
+    unpad_right_padding(trainer.model, variant != MASK_BASELINE, share_prefixes=variant != PREFIX_BASELINE)
+    reset_token_counts(trainer.model)
     with _profiled(t.profile, out / f"profile_bc_{tag}.txt") as where:
         r = trainer.train()
+    computed = _computed(token_counts(trainer.model))
     if where:
         res.setdefault("profile", {})[f"bc/{tag}"] = where
     lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
     tokens, seconds = round(statistics.mean(lengths) * t.batch * r.global_step), r.metrics["train_runtime"]
     if t.warmup:
         tokens, seconds = _after_warmup(trainer, t.warmup)
-    bc_res = _fraction(tokens, seconds, 6 * n_params, peak, threads, dtype,
+    bc_res = _fraction(tokens, seconds, 6 * n_params, peak, threads, dtype, computed=computed,
                        steps=r.global_step, losses=_losses(trainer), warmup=t.warmup)
     d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", **per_step,
          "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
@@ -388,9 +393,12 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
     # a baseline's training steps (its reference pass ran as the trainers')
     score_labelled_only(variant != HEAD_BASELINE)
-    unpad_right_padding(tr.model, variant != MASK_BASELINE)
+    unpad_right_padding(tr.model, variant != MASK_BASELINE, share_prefixes=variant != PREFIX_BASELINE)
+    ref_counts = token_counts(tr.model)  # (the reference pass, if it ran on the policy's decoder)
+    reset_token_counts(tr.model)
     with _profiled(t.profile, out / f"profile_dpo_{tag}.txt") as where:
         r = tr.train()
+    computed = _computed(token_counts(tr.model))
     if where:
         res.setdefault("profile", {})[f"dpo/{tag}"] = where
     score_labelled_only()
@@ -399,10 +407,11 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     policy_tokens, seconds = round(statistics.mean(per_pair) * t.batch * r.global_step), r.metrics["train_runtime"]
     if t.warmup:  # the logs count both sequences of a pair (prompt + chosen, prompt + rejected), as per_pair does
         policy_tokens, seconds = _after_warmup(tr, t.warmup)
-    dpo_res = _fraction(policy_tokens, seconds, 6 * n_params, peak, threads, dtype,
+    dpo_res = _fraction(policy_tokens, seconds, 6 * n_params, peak, threads, dtype, computed=computed,
                         steps=r.global_step, losses=_losses(tr), pairs=len(pairs), warmup=t.warmup)
     if not variant:  # (a baseline's reference pass ran as the trainers' does)
-        dpo_res["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype)
+        dpo_res["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype,
+                                              computed=_computed(ref_counts))
     return bc_res, dpo_res
 
 
@@ -423,12 +432,23 @@ def _losses(trainer) -> list[float]:
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
+def _computed(counts: dict) -> float | None:
+    """The share of the trained tokens the model computed (below 1 where rows shared a prefix); None where no
+    forward went packed (the padded baseline)."""
+    return counts["computed"] / counts["tokens"] if counts["tokens"] else None
+
+
 def _fraction(tokens: int, seconds: float, flops_per_token: float, peak: dict, threads: int, dtype: str,
-              **extra) -> dict:
+              computed: float | None = None, **extra) -> dict:
+    """Tokens/s and the fraction of the dtype's peak, at ``flops_per_token`` per trained token (6N: what the
+    issue counts, and a rate a user compares) and, where rows shared a prefix (``computed`` < 1: the share of
+    the tokens computed), also at ``flops_per_token`` per token computed (the work done: ``fraction_of_peak_done``)."""
     gflops = tokens * flops_per_token / seconds / 1e9
     ceiling = peak["peak"].get(key := f"{dtype}/{threads}")
+    done = {} if computed is None else {"computed_share": computed, "gflops_done": gflops * computed,
+                                        "fraction_of_peak_done": gflops * computed / ceiling if ceiling else None}
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "gflops": gflops,
-            "fraction_of_peak": gflops / ceiling if ceiling else None, "peak_key": key, **extra}
+            "fraction_of_peak": gflops / ceiling if ceiling else None, "peak_key": key, **done, **extra}
 
 
 def _highest_peak(res: dict, again: dict) -> None:
@@ -445,6 +465,8 @@ def _highest_peak(res: dict, again: dict) -> None:
             if "peak_key" in node and node.get("gflops") is not None:
                 ceiling = first["peak"].get(node["peak_key"])
                 node["fraction_of_peak"] = node["gflops"] / ceiling if ceiling else None
+                if node.get("gflops_done") is not None:
+                    node["fraction_of_peak_done"] = node["gflops_done"] / ceiling if ceiling else None
             for v in node.values():
                 walk(v)
 
@@ -529,17 +551,27 @@ def training_rows(t, tr) -> None:
                 t.add_row(f"{k.upper()} on the real model, {d}{' autocast' if d == 'bfloat16' else ''}"
                           f"{f' ({variant})' if variant else ''}, {tr['threads']} thread(s)",
                           f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_peak']:.0f}% "
-                          f"of the {d} peak (target >= 40%); losses {', '.join(f'{v:.3f}' for v in x['losses'])}")
+                          f"of the {d} peak (target >= 40%){_done(x)}; losses "
+                          f"{', '.join(f'{v:.3f}' for v in x['losses'])}")
         for name, w in (tr.get("profile") or {}).items():
             if name.startswith(k + "/"):
                 top = ", ".join(f"{op} {100 * v:.0f}%" for op, v in list(w["top"].items())[:6])
                 t.add_row(f"{name.upper()}: where the CPU time goes (torch.profiler, self time)",
                           f"matmuls {100 * w['matmul_share']:.0f}%; top: {top}")
         for name, what in (("head_speedup", "LM head over the labelled positions / over every position (TRL on CPU)"),
-                           ("mask_speedup", "right-padded rows packed / padded with their mask (transformers)")):
+                           ("mask_speedup", "right-padded rows packed / padded with their mask (transformers)"),
+                           ("prefix_speedup", "a prefix rows share computed once / in every row")):
             for dtype, h in (tr[k].get(name) or {}).items():
                 t.add_row(f"{k.upper()} {dtype}: {what}",
                           f"{h['speedup']:.2f}x tok/s; losses differ by at most {h['loss_max_abs_diff']:.2g}")
         if "bf16_speedup" in tr[k]:
             t.add_row(f"{k.upper()}: bf16 autocast / fp32", f"{tr[k]['bf16_speedup']:.2f}x tok/s; losses differ by at most "
                       f"{tr[k]['loss_max_abs_diff']:.4f}")
+
+
+def _done(x: dict) -> str:
+    """The work actually done, where rows shared a prefix: the share of tokens computed and its fraction."""
+    if x.get("computed_share") is None or x["computed_share"] >= 1:
+        return ""
+    return (f"; {100 * x['computed_share']:.0f}% of the tokens computed: {x['gflops_done']:.0f} GFLOP/s done = "
+            f"{100 * x['fraction_of_peak_done']:.0f}%")

@@ -270,3 +270,20 @@ def test_training_fractions_are_taken_against_the_higher_peak_of_before_and_afte
                                          {"float32/2": 80.0, "bfloat16/2": 800.0}]
     assert bc["fraction_of_peak"] == 0.75                                               # 600 / 800
     assert res["training"]["dpo"]["float32"]["reference_pass"]["fraction_of_peak"] == 0.2  # 20 / 100
+
+
+def test_a_shared_prefix_reports_the_work_done_beside_the_trained_tokens_rate():
+    """Where rows shared a prefix, the trained tokens' rate (6N each) stands, and beside it the work done:
+    the share of the tokens computed, its GFLOP/s and fraction, against the higher peak as well."""
+    from bench_real import _computed, _done, _fraction, _highest_peak
+
+    assert _computed({"tokens": 0, "computed": 0}) is None  # nothing went packed: no share to report
+    share = _computed({"tokens": 2000, "computed": 1500})
+    before = {"peak": {"bfloat16/2": 400.0}}
+    dpo = _fraction(tokens=1000, seconds=10.0, flops_per_token=6e9, peak=before, threads=2, dtype="bfloat16",
+                    computed=share)
+    assert (dpo["computed_share"], dpo["gflops_done"], dpo["fraction_of_peak_done"]) == (0.75, 450.0, 1.125)
+    _highest_peak({"matmul": before, "training": {"dpo": {"bfloat16": dpo}}}, {"peak": {"bfloat16/2": 900.0}})
+    assert (dpo["fraction_of_peak"], dpo["fraction_of_peak_done"]) == (600 / 900, 0.5)
+    assert _done(dpo) == "; 75% of the tokens computed: 450 GFLOP/s done = 50%"
+    assert _done(_fraction(tokens=1, seconds=1.0, flops_per_token=1.0, peak=before, threads=2, dtype="bfloat16")) == ""

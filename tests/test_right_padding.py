@@ -167,3 +167,87 @@ def test_a_peft_model_is_packed_on_its_decoder(tiny_model_dir, unhook):
     real = mask.bool()
     torch.testing.assert_close(packed.logits[real], with_mask.logits[real], rtol=1e-5, atol=1e-5)
     assert packed.loss.item() == pytest.approx(with_mask.loss.item(), rel=1e-6)
+
+
+def _sharing_batch():
+    """Five rows: 0 = P + A, 1 = P + B (P: 40 tokens in common), 2 = its own, 3 = the first 45 tokens of
+    row 0 (inside it), 4 = row 1 + C (shares 46 tokens with row 1, 40 with row 0); padded on the right."""
+    g = torch.Generator().manual_seed(1)
+    tok = lambda n: torch.randint(5, 300, (n,), generator=g).tolist()  # noqa: E731
+    p, a, b, c = tok(40), tok(12), tok(6), tok(9)
+    rows = [p + a, p + b, tok(30), (p + a)[:45], p + b + c]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    labels = torch.where(mask.bool(), ids, torch.full_like(ids, -100))
+    labels[:, :38] = -100  # a loss on the shared positions' next tokens too (38, 39) and after them
+    return ids, mask, labels
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_prefix_rows_have_in_common_is_computed_once(tiny_model_dir, monkeypatch, unhook, checkpointing):
+    """Rows that begin alike (the instruction and example of every row; a DPO pair's prompt) compute that
+    prefix once: logits at every real position, the loss and every gradient equal the padded batch's under
+    its mask (fp32). The decoder gets each row's new tokens only (positions from where the shared prefix
+    ends); a row attends with all its positions, the shared keys gathered from the row that computed them."""
+    model = load_model(str(tiny_model_dir))
+    if checkpointing:
+        model.activation_checkpointing_enable()
+        model.train()
+    ids, mask, labels = _sharing_batch()
+    before = _run(model, ids, mask, labels)
+    seen = _spy(monkeypatch, model.get_decoder())
+    unpad_right_padding(model)
+    unhook.append(model)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *a, **k: calls.append((q.shape[2], k.get("is_causal"))) or sdpa(q, *a, **k))
+    after = _run(model, ids, mask, labels)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    # row 3 lies inside row 0: no new token, no attention of its own
+    layers = model.config.num_hidden_layers
+    assert calls == [(52, True), (46, True), (30, True), (55, True)] * layers * (2 if checkpointing else 1)
+    new = [52, 6, 30, 0, 9]
+    assert seen[0]["input_ids"].shape == (1, sum(new))
+    positions = seen[0]["position_ids"][0].tolist()
+    assert positions == list(range(52)) + list(range(40, 46)) + list(range(30)) + list(range(46, 55))
+    spans = seen[0][SPANS]
+    assert spans[0] == (0, 52) and spans[2] == (58, 88)
+    assert spans[1][:2] == (52, 58) and spans[1][2].tolist() == list(range(40)) + list(range(52, 58))
+    assert spans[3][:2] == (88, 88) and spans[3][2].tolist() == list(range(45))
+    assert spans[4][:2] == (88, 97) and spans[4][2].tolist() == list(range(40)) + list(range(52, 58)) + list(range(88, 97))
+    assert right_padding.token_counts(model) == {"tokens": int(mask.sum()), "computed": sum(new)}
+    real = mask.bool()
+    torch.testing.assert_close(after[0][real], before[0][real], rtol=1e-5, atol=1e-5)
+    assert after[1] == pytest.approx(before[1], rel=1e-6)
+    assert before[2].keys() == after[2].keys() and before[2]
+    for name, grad in before[2].items():
+        torch.testing.assert_close(after[2][name], grad, rtol=1e-4, atol=1e-6)
+    right_padding.reset_token_counts(model)
+    assert right_padding.token_counts(model) == {"tokens": 0, "computed": 0}
+    unpad_right_padding(model, share_prefixes=False)  # each row computes its own prefix again
+    _run(model, ids, mask, labels)
+    assert seen[1]["input_ids"].shape == (1, int(mask.sum())) and all(len(s) == 2 for s in seen[1][SPANS])
+
+
+def test_a_short_prefix_in_common_and_an_unpadded_batch(tiny_model_dir, monkeypatch, unhook):
+    """A prefix in common shorter than MIN_SHARED is computed in each row; a batch without padding whose rows
+    share a long one is packed all the same (nothing to unpad, the prefix to share)."""
+    model = load_model(str(tiny_model_dir))
+    seen = _spy(monkeypatch, model.get_decoder())
+    unpad_right_padding(model)
+    unhook.append(model)
+    ids, mask, _ = _sharing_batch()
+    short = ids.clone()
+    short[1:, right_padding.MIN_SHARED - 1] = 7  # every row differs from row 0 just before MIN_SHARED
+    short[0, right_padding.MIN_SHARED - 1] = 8
+    even = torch.stack([ids[0, :50], ids[1, :50]])  # the two rows share 40 tokens, no padding
+    with torch.no_grad():
+        model(input_ids=short[:3], attention_mask=mask[:3])
+        unpadded = model(input_ids=even).logits  # no mask: left alone
+        packed = model(input_ids=even, attention_mask=torch.ones_like(even)).logits
+    assert all(len(s) == 2 for s in seen[0][SPANS])
+    assert SPANS not in seen[1]
+    assert seen[2]["input_ids"].shape == (1, 60)
+    torch.testing.assert_close(packed, unpadded, rtol=1e-5, atol=1e-5)

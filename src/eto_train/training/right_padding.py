@@ -39,6 +39,11 @@ SPANS = "eto_row_spans"  # the keyword that carries a packed forward's rows to e
 KEEP_BATCH_WITH = ("position_ids", "cache", "past_key_values", "inputs_embeds", "token_type_ids",
                    "mm_token_type_ids", "pixel_values", "output_hidden_states", "output_attentions")
 _SDPA: list = []  # transformers' own SDPA attention function, once row_attention stands in for it
+_SHARE = "_eto_share_prefixes"
+COUNTS = "_eto_token_counts"
+# a common prefix shorter than this is computed again in each row: gathering its keys would cost about
+# what it saves
+MIN_SHARED = 32
 
 
 def is_right_padding(mask) -> bool:
@@ -50,9 +55,12 @@ def is_right_padding(mask) -> bool:
 
 
 def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' SDPA attention, but for a packed sequence (keyword :data:`SPANS`: each row's [start, end)
-    in ``query`` ``[1, heads, tokens, d]``): each row's span attends to itself causally, through SDPA's causal
-    kernel (key-value heads shared as grouped-query attention), whatever mask transformers built."""
+    """transformers' SDPA attention, but for a packed sequence (keyword :data:`SPANS`, see :func:`_rows`):
+    each row's queries attend to its own keys causally, through SDPA's causal kernel (key-value heads shared
+    as grouped-query attention), whatever mask transformers built. A row whose prefix another row computed
+    gathers its keys from there and attends with all its positions (the shared ones' outputs are dropped:
+    SDPA's causal kernel aligns a shorter query block top-left, and a lower-right mask would take the masked
+    kernel, every query against every key)."""
     spans = kwargs.pop(SPANS, None)
     if spans is None:
         return _SDPA[0](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -60,10 +68,18 @@ def row_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
     gqa = query.shape[1] != key.shape[1]
     p = dropout if module.training else 0.0
-    out = torch.cat([F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=p,
-                                                     is_causal=True, scale=scaling, enable_gqa=gqa)
-                     for a, b in spans], dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    out = []
+    for row in spans:
+        a, b = row[0], row[1]
+        if len(row) == 2:
+            q, k, v = query[:, :, a:b], key[:, :, a:b], value[:, :, a:b]
+        elif a == b:  # every position shared: nothing new to compute
+            continue
+        else:
+            q, k, v = (x.index_select(2, row[2]) for x in (query, key, value))
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling, enable_gqa=gqa)
+        out.append(o if len(row) == 2 else o[:, :, o.shape[2] - (b - a):])
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:
@@ -77,37 +93,82 @@ def _register() -> None:
         AttentionInterface.register("sdpa", row_attention)
 
 
+def _rows(ids, lengths: list[int], share: bool):
+    """Each row's place in the packed sequence: ``(start, end)`` of its tokens, or, for a row whose first
+    ``s`` tokens (``s >= MIN_SHARED``) equal an earlier row's (the longest such prefix), ``(start, end,
+    index)``: only its tokens from ``s`` on are packed, in [start, end), and ``index`` gives every one of its
+    positions in the packed sequence (the first ``s`` where the earlier row has them). Also the first
+    position packed of each row."""
+    rows, firsts, index, at = [], [], [], 0
+    for j, n in enumerate(lengths):
+        s = i = 0
+        if share and j:
+            same = (ids[:j, :n] == ids[j, :n]).int().cumprod(1).sum(1)  # the prefix in common with each earlier row
+            same = torch.minimum(same, same.new_tensor(lengths[:j]))  # (not into an earlier row's padding)
+            s, i = int(same.max()), int(same.argmax())
+        s = s if s >= MIN_SHARED else 0
+        own = torch.arange(at, at + n - s, device=ids.device)
+        index.append(torch.cat([index[i][:s], own]) if s else own)
+        rows.append((at, at + n - s, index[-1]) if s else (at, at + n))
+        firsts.append(s)
+        at += n - s
+    return rows, firsts, index
+
+
 def _pack(decoder, args, kwargs):
     """Forward pre-hook of the decoder stack: a right-padded batch becomes one packed sequence."""
     mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
     if (args or ids is None or any(kwargs.get(k) is not None and kwargs.get(k) is not False for k in KEEP_BATCH_WITH)
-            or not is_right_padding(mask) or bool(mask.all())):
+            or not is_right_padding(mask)):
         return None
     lengths = mask.sum(1).tolist()
-    real = mask.reshape(-1).nonzero().squeeze(1)
-    ends = list(accumulate(lengths))
-    decoder._eto_packed = (real, ids.shape)
-    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(ids.device)
-    return args, {**kwargs, "input_ids": ids.reshape(-1)[real][None], "attention_mask": None,
-                  "position_ids": positions, "use_cache": False, SPANS: list(zip([0] + ends[:-1], ends))}
+    rows, firsts, index = _rows(ids, lengths, getattr(decoder, _SHARE, False))
+    if bool(mask.all()) and not any(firsts):  # no padding, no prefix in common: the model is causal already
+        return None
+    width = ids.shape[1]
+    new = torch.cat([torch.arange(j * width + s, j * width + n) for j, (s, n) in enumerate(zip(firsts, lengths))])
+    new = new.to(ids.device)
+    counts = decoder.__dict__.setdefault(COUNTS, {"tokens": 0, "computed": 0})
+    counts["tokens"] += sum(lengths)
+    counts["computed"] += len(new)
+    decoder._eto_packed = (index, ids.shape)
+    positions = torch.cat([torch.arange(s, n) for s, n in zip(firsts, lengths)])[None].to(ids.device)
+    return args, {**kwargs, "input_ids": ids.reshape(-1)[new][None], "attention_mask": None,
+                  "position_ids": positions, "use_cache": False, SPANS: rows}
 
 
 def _unpack(decoder, args, kwargs, out):
     """Forward hook of the decoder stack (also when the forward raised): the packed hidden states back in
-    the batch's padded shape."""
+    the batch's padded shape (a shared prefix's in every row that has it; the gradients add up there)."""
     packed = decoder.__dict__.pop("_eto_packed", None)
     if packed is None or out is None:  # not packed; or the forward raised, and that propagates
         return None
-    real, (rows, width) = packed
+    index, (rows, width) = packed
     h = out.last_hidden_state[0]
-    out.last_hidden_state = h.new_zeros(rows * width, h.shape[-1]).index_copy(0, real, h).view(rows, width, -1)
+    pad = h.shape[0]  # a row of zeros after the packed ones stands for every padding position
+    where = torch.cat([torch.nn.functional.pad(i, (0, width - len(i)), value=pad) for i in index])
+    out.last_hidden_state = torch.cat([h, h.new_zeros(1, h.shape[-1])]).index_select(0, where).view(rows, width, -1)
     return out
 
 
-def unpad_right_padding(model, enabled: bool = True) -> bool:
+def token_counts(model) -> dict:
+    """The real tokens the model's packed forwards took, and the positions they computed (fewer where rows
+    share a prefix), since the hooks went in or the last :func:`reset_token_counts`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return dict(base.get_decoder().__dict__.get(COUNTS, {"tokens": 0, "computed": 0}))
+
+
+def reset_token_counts(model) -> None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.get_decoder().__dict__.pop(COUNTS, None)
+
+
+def unpad_right_padding(model, enabled: bool = True, share_prefixes: bool = True) -> bool:
     """Make ``model`` (a transformers causal LM, or a PEFT model over one) run right-padded batches packed
-    (``enabled``), or as transformers does again (``enabled=False``, the bench's baseline). Idempotent.
-    Returns whether it is in place; False also for an attention implementation it leaves alone."""
+    (``enabled``), or as transformers does again (``enabled=False``, the bench's baseline); with
+    ``share_prefixes`` a prefix that rows have in common is computed once (their instruction and example, a
+    pair's prompt). Idempotent. Returns whether it is in place; False also for an attention implementation it
+    leaves alone."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # the decoder stack, which the causal LM calls as a module: PEFT's tuner calls the causal LM's
     # ``forward`` itself, and the LM head must see the batch's shape
@@ -120,7 +181,9 @@ def unpad_right_padding(model, enabled: bool = True) -> bool:
             for h in handles:
                 h.remove()
             delattr(decoder, _HOOKED)
+            decoder.__dict__.pop(_SHARE, None)
         return False
+    setattr(decoder, _SHARE, share_prefixes)
     if handles is None:
         _register()
         # hooks, not a wrapped ``forward``: a deep copy of the model (a reference made from the policy) hooks
