@@ -19,6 +19,17 @@ hand: transformers unpads a masked batch itself only for flash-attention 2 (no C
 rows under SDPA through a block-diagonal mask over the whole sequence (every query against every key); TRL's
 padding-free collation is SFT-only (off in its DPO, 1.16) and yields that packed form.
 
+Rows that begin alike compute their common prefix once (``share_prefixes``, on): every row of a game's
+batch starts with the same instruction and example (241 of ~640 tokens of a TWX demonstration, 347 of
+ScienceWorld's), and both rows of a DPO pair with the same prompt. Under causal attention a position's
+hidden states depend only on the tokens up to it, so a row's first ``s`` positions equal those of an earlier
+row with the same first ``s`` tokens: only the rest of the row is packed, and its attention gathers the
+shared keys and values from where the earlier row computed them (:func:`_rows`). The LM head sees every row
+whole (the shared hidden states copied into each; their gradients add up). Written by hand: neither TRL nor
+transformers shares prefixes in training (Liger-Kernel's issue 476 asks for it); prefix-sharing DPO
+(arXiv 2410.20305) puts a pair in one sequence under a FlexAttention block mask, which needs torch.compile
+on the CPU, and shares a pair's prompt only, not a batch's instruction.
+
 Left alone: a mask that is not right padding (left padding, packed rows), a batch without padding (the
 model attends causally already), a call with position ids, a cache, multimodal inputs or asking for
 every layer's hidden states or attentions, attention implementations other than SDPA, and models whose
