@@ -251,3 +251,22 @@ def test_a_short_prefix_in_common_and_an_unpadded_batch(tiny_model_dir, monkeypa
     assert SPANS not in seen[1]
     assert seen[2]["input_ids"].shape == (1, 60)
     torch.testing.assert_close(packed, unpadded, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_with_dropout_shares_prefixes_only_out_of_training(tiny_model_dir, monkeypatch, unhook):
+    """Rows padded draw their dropout apart; a prefix computed once would draw it once for all of them. With
+    attention dropout the rows compute their own prefixes in training and share them in eval (DPO's
+    reference pass)."""
+    model = load_model(str(tiny_model_dir))
+    model.config.attention_dropout = 0.1
+    seen = _spy(monkeypatch, model.get_decoder())
+    unpad_right_padding(model)
+    unhook.append(model)
+    ids, mask, _ = _sharing_batch()
+    model.train()
+    model(input_ids=ids, attention_mask=mask)
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    assert seen[0]["input_ids"].shape == (1, int(mask.sum())) and all(len(s) == 2 for s in seen[0][SPANS])
+    assert seen[1]["input_ids"].shape == (1, 97)

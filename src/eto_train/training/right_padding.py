@@ -133,7 +133,9 @@ def _pack(decoder, args, kwargs):
             or not is_right_padding(mask)):
         return None
     lengths = mask.sum(1).tolist()
-    rows, firsts, index = _rows(ids, lengths, getattr(decoder, _SHARE, False))
+    # ("with dropout": a prefix computed once would share one dropout draw between rows that draw apart padded)
+    share = getattr(decoder, _SHARE, None)
+    rows, firsts, index = _rows(ids, lengths, share == "always" or (share == "without dropout" and not decoder.training))
     if bool(mask.all()) and not any(firsts):  # no padding, no prefix in common: the model is causal already
         return None
     width = ids.shape[1]
@@ -178,7 +180,7 @@ def unpad_right_padding(model, enabled: bool = True, share_prefixes: bool = True
     """Make ``model`` (a transformers causal LM, or a PEFT model over one) run right-padded batches packed
     (``enabled``), or as transformers does again (``enabled=False``, the bench's baseline); with
     ``share_prefixes`` a prefix that rows have in common is computed once (their instruction and example, a
-    pair's prompt). Idempotent. Returns whether it is in place; False also for an attention implementation it
+    pair's prompt; in training only if the model has no dropout). Idempotent. Returns whether it is in place; False also for an attention implementation it
     leaves alone."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # the decoder stack, which the causal LM calls as a module: PEFT's tuner calls the causal LM's
@@ -194,7 +196,9 @@ def unpad_right_padding(model, enabled: bool = True, share_prefixes: bool = True
             delattr(decoder, _HOOKED)
             decoder.__dict__.pop(_SHARE, None)
         return False
-    setattr(decoder, _SHARE, share_prefixes)
+    dropout = (float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0
+               or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in decoder.modules()))
+    setattr(decoder, _SHARE, None if not share_prefixes else "without dropout" if dropout else "always")
     if handles is None:
         _register()
         # hooks, not a wrapped ``forward``: a deep copy of the model (a reference made from the policy) hooks
