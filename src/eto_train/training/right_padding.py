@@ -108,8 +108,8 @@ def _rows(ids, lengths: list[int], share: bool):
     """Each row's place in the packed sequence: ``(start, end)`` of its tokens, or, for a row whose first
     ``s`` tokens (``s >= MIN_SHARED``) equal an earlier row's (the longest such prefix), ``(start, end,
     index)``: only its tokens from ``s`` on are packed, in [start, end), and ``index`` gives every one of its
-    positions in the packed sequence (the first ``s`` where the earlier row has them). Also the first
-    position packed of each row."""
+    positions in the packed sequence (the first ``s`` where the earlier row has them). Returns those, each
+    row's ``s`` (0 for a row computed whole) and each row's positions in the packed sequence."""
     rows, firsts, index, at = [], [], [], 0
     for j, n in enumerate(lengths):
         s = i = 0
@@ -127,13 +127,14 @@ def _rows(ids, lengths: list[int], share: bool):
 
 
 def _pack(decoder, args, kwargs):
-    """Forward pre-hook of the decoder stack: a right-padded batch becomes one packed sequence."""
+    """Forward pre-hook of the decoder stack: a right-padded batch becomes one packed sequence of each row's
+    real tokens after the prefix it shares with an earlier row (all of them where it shares none)."""
     mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
     if (args or ids is None or any(kwargs.get(k) is not None and kwargs.get(k) is not False for k in KEEP_BATCH_WITH)
             or not is_right_padding(mask)):
         return None
     lengths = mask.sum(1).tolist()
-    # ("with dropout": a prefix computed once would share one dropout draw between rows that draw apart padded)
+    # with dropout, in training, every row computes its own prefix: padded, each row draws its own dropout
     share = getattr(decoder, _SHARE, None)
     rows, firsts, index = _rows(ids, lengths, share == "always" or (share == "without dropout" and not decoder.training))
     if bool(mask.all()) and not any(firsts):  # no padding, no prefix in common: the model is causal already
