@@ -13,6 +13,7 @@ from eto_train.pairs import trajectory_pair
 from eto_train.records import Episode
 from eto_train.training.dpo import dpo_arguments, make_dpo_trainer, tokenize_pair
 from eto_train.training.masks import assistant_token_mask
+from eto_train.training.right_padding import token_counts
 
 DPO = {"beta": 0.1, "loss_type": ["sigmoid"], "learning_rate": 1e-3, "num_train_epochs": 1, "max_steps": 2,
        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "lr_scheduler_type": "constant",
@@ -93,6 +94,10 @@ def test_masked_logps_match_hand_computation_and_step0_loss_is_log2(tmp_path, ti
     assert all(p is not None and p.rejected_policy == "agent@0" for p in pairs)
     ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs])
     trainer = make_dpo_trainer(model, None, tok, ds, dpo_arguments(DPOSection.model_validate(DPO), tmp_path, 0))
+    # the reference pass went packed, each pair's prompt (and the rows' instruction) computed once
+    # (training/right_padding.py): the hand computation below runs every row alone
+    counts = token_counts(model)
+    assert 0 < counts["computed"] < counts["tokens"]
 
     # reference log-probs TRL precomputed through our collator == hand computation on action tokens
     for row, p in zip(trainer.train_dataset, pairs):
