@@ -52,8 +52,8 @@ KEEP_BATCH_WITH = ("position_ids", "cache", "past_key_values", "inputs_embeds", 
 _SDPA: list = []  # transformers' own SDPA attention function, once row_attention stands in for it
 _SHARE = "_eto_share_prefixes"
 COUNTS = "_eto_token_counts"
-# a common prefix shorter than this is computed again in each row: gathering its keys would cost about
-# what it saves
+# a common prefix shorter than this is computed again in each row (a template's opening tokens are not worth a
+# gather in every layer; a floor, not tuned: the prefixes that matter are hundreds of tokens)
 MIN_SHARED = 32
 
 
