@@ -165,27 +165,30 @@ def _unpack(decoder, args, kwargs, out):
     return out
 
 
+def _base(model):
+    """The transformers causal LM (under PEFT's tuner, its base model). Its decoder stack carries the hooks: the
+    causal LM calls it as a module (PEFT's tuner calls the causal LM's ``forward`` itself), and the LM head
+    must see the batch's shape."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def token_counts(model) -> dict:
     """The real tokens the model's packed forwards took, and the positions they computed (fewer where rows
     share a prefix), since the hooks went in or the last :func:`reset_token_counts`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return dict(base.get_decoder().__dict__.get(COUNTS, {"tokens": 0, "computed": 0}))
+    return dict(_base(model).get_decoder().__dict__.get(COUNTS, {"tokens": 0, "computed": 0}))
 
 
 def reset_token_counts(model) -> None:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.get_decoder().__dict__.pop(COUNTS, None)
+    _base(model).get_decoder().__dict__.pop(COUNTS, None)
 
 
 def unpad_right_padding(model, enabled: bool = True, share_prefixes: bool = True) -> bool:
     """Make ``model`` (a transformers causal LM, or a PEFT model over one) run right-padded batches packed
     (``enabled``), or as transformers does again (``enabled=False``, the bench's baseline); with
     ``share_prefixes`` a prefix that rows have in common is computed once (their instruction and example, a
-    pair's prompt; in training only if the model has no dropout). Idempotent. Returns whether it is in place; False also for an attention implementation it
-    leaves alone."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # the decoder stack, which the causal LM calls as a module: PEFT's tuner calls the causal LM's
-    # ``forward`` itself, and the LM head must see the batch's shape
+    pair's prompt; in training only if the model has no dropout). Idempotent. Returns whether it is in place;
+    False also for an attention implementation it leaves alone."""
+    base = _base(model)
     decoder = base.get_decoder()
     handles = getattr(decoder, _HOOKED, None)
     config = base.config
