@@ -358,7 +358,6 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     from eto_train.model.load import load_model
     from eto_train.training.dpo import dpo_arguments, make_dpo_trainer
     from eto_train.training.lm_head import score_labelled_only
-    from eto_train.training.right_padding import reset_token_counts, token_counts, unpad_right_padding
     from eto_train.training.sft import make_trainer, sft_arguments, sft_dataset
 
     bf16 = {"bf16": dtype == "bfloat16"}
@@ -370,13 +369,7 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                            sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
     score_labelled_only(variant != HEAD_BASELINE)  # after make_trainer, which switches both on
-    unpad_right_padding(trainer.model, variant != MASK_BASELINE, share_prefixes=variant != PREFIX_BASELINE)
-    reset_token_counts(trainer.model)
-    with _profiled(t.profile, out / f"profile_bc_{tag}.txt") as where:
-        r = trainer.train()
-    computed = _computed(token_counts(trainer.model))
-    if where:
-        res.setdefault("profile", {})[f"bc/{tag}"] = where
+    r, computed, _ = _train(trainer, variant, t.profile, out, f"bc/{tag}", res)
     lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
     tokens, seconds = round(statistics.mean(lengths) * t.batch * r.global_step), r.metrics["train_runtime"]
     if t.warmup:
@@ -393,14 +386,7 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
     # a baseline's training steps (its reference pass ran as the trainers')
     score_labelled_only(variant != HEAD_BASELINE)
-    unpad_right_padding(tr.model, variant != MASK_BASELINE, share_prefixes=variant != PREFIX_BASELINE)
-    ref_counts = token_counts(tr.model)  # (the reference pass, if it ran on the policy's decoder)
-    reset_token_counts(tr.model)
-    with _profiled(t.profile, out / f"profile_dpo_{tag}.txt") as where:
-        r = tr.train()
-    computed = _computed(token_counts(tr.model))
-    if where:
-        res.setdefault("profile", {})[f"dpo/{tag}"] = where
+    r, computed, ref_counts = _train(tr, variant, t.profile, out, f"dpo/{tag}", res)
     score_labelled_only()
     ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
     per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
@@ -413,6 +399,22 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
         dpo_res["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype,
                                               computed=_computed(ref_counts))
     return bc_res, dpo_res
+
+
+def _train(trainer, variant: str, profile: bool, out: Path, name: str, res: dict):
+    """The trainer's steps packed as ``variant`` says (under the profiler with ``profile``, its table in
+    ``profile_<name>.txt``): the train output, the share of the trained tokens computed, and the token counts
+    before the steps (DPO's reference pass, where it ran on the policy's decoder)."""
+    from eto_train.training.right_padding import reset_token_counts, token_counts, unpad_right_padding
+
+    unpad_right_padding(trainer.model, variant != MASK_BASELINE, share_prefixes=variant != PREFIX_BASELINE)
+    before = token_counts(trainer.model)
+    reset_token_counts(trainer.model)
+    with _profiled(profile, out / f"profile_{name.replace('/', '_')}.txt") as where:
+        r = trainer.train()
+    if where:
+        res.setdefault("profile", {})[name] = where
+    return r, _computed(token_counts(trainer.model)), before
 
 
 def _after_warmup(trainer, warmup: int) -> tuple[int, float]:

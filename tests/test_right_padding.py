@@ -49,6 +49,18 @@ def _run(model, ids, mask, labels):
                                                    if p.grad is not None}
 
 
+def _sdpa_calls(monkeypatch, model, ids, mask, labels):
+    """:func:`_run`, and each SDPA call's (query length, is_causal) in it."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *a, **k: calls.append((q.shape[2], k.get("is_causal"))) or sdpa(q, *a, **k))
+    try:
+        return calls, _run(model, ids, mask, labels)
+    finally:
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+
+
 def _spy(monkeypatch, decoder):
     """What the decoder's own forward receives (after the pre-hook)."""
     seen = []
@@ -73,12 +85,7 @@ def test_the_real_tokens_compute_the_same_packed(tiny_model_dir, monkeypatch, un
     before = _run(model, ids, mask, labels)
     assert unpad_right_padding(model) is True and unpad_right_padding(model) is True  # idempotent
     unhook.append(model)
-    calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda q, *a, **k: calls.append((q.shape[2], k.get("is_causal"))) or sdpa(q, *a, **k))
-    after = _run(model, ids, mask, labels)
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    calls, after = _sdpa_calls(monkeypatch, model, ids, mask, labels)
     layers = model.config.num_hidden_layers  # each layer attends per row, causally (recomputed: once more)
     assert calls == [(9, True), (5, True), (7, True)] * layers * (2 if checkpointing else 1)
     assert seen[0]["attention_mask"] is mask and seen[0]["input_ids"].shape == (3, 9)
@@ -199,12 +206,7 @@ def test_a_prefix_rows_have_in_common_is_computed_once(tiny_model_dir, monkeypat
     seen = _spy(monkeypatch, model.get_decoder())
     unpad_right_padding(model)
     unhook.append(model)
-    calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda q, *a, **k: calls.append((q.shape[2], k.get("is_causal"))) or sdpa(q, *a, **k))
-    after = _run(model, ids, mask, labels)
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    calls, after = _sdpa_calls(monkeypatch, model, ids, mask, labels)
     # row 3 lies inside row 0: no new token, no attention of its own
     layers = model.config.num_hidden_layers
     assert calls == [(52, True), (46, True), (30, True), (55, True)] * layers * (2 if checkpointing else 1)
