@@ -116,7 +116,7 @@ def _rows(ids, lengths: list[int], share: bool):
         if share and j:
             same = (ids[:j, :n] == ids[j, :n]).int().cumprod(1).sum(1)  # the prefix in common with each earlier row
             same = torch.minimum(same, same.new_tensor(lengths[:j]))  # (not into an earlier row's padding)
-            s, i = int(same.max()), int(same.argmax())
+            s, i = (int(x) for x in same.max(0))
         s = s if s >= MIN_SHARED else 0
         own = torch.arange(at, at + n - s, device=ids.device)
         index.append(torch.cat([index[i][:s], own]) if s else own)
