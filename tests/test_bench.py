@@ -103,10 +103,12 @@ def test_policy_budget_is_the_time_of_one_generate_call():
 
 def _episode(eid, latency, path, action="take key"):
     return {"episode_id": eid, "policy": {"id": "bench@abc", "path": path},
-            "steps": [{"index": 0, "action": action, "latency_s": latency}]}
+            "steps": [{"index": 0, "action": action, "latency_s": latency, "env_s": latency / 10}]}
 
 
 def test_two_plays_compare_without_latencies_and_paths(tmp_path):
+    """The policy's and the environment's seconds per step and the policy's path differ between two
+    plays of the same episodes: not a difference."""
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("".join(json.dumps(e) + "\n" for e in [_episode("x", 0.1, "/one"), _episode("y", 0.2, "/one")]))
     b.write_text("".join(json.dumps(e) + "\n" for e in [_episode("y", 0.5, "/two"), _episode("x", 0.7, "/two")]))

@@ -251,7 +251,7 @@ CASES = [
     ("twx", ["eval.splits=[]"], "eval.splits=[]: a non-empty list of split names"),
     ("twx", ["eval.splits=seen"], "eval.splits='seen': a non-empty list of split names"),
     ("twx", ["rollout.batch_size=0"], f"rollout.batch_size=0: {INT_GE1}"),
-    ("twx", ["rollout.backend=vlm"], "rollout.backend='vlm': the rollout engine: one of 'hf', 'vllm'"),
+    ("twx", ["rollout.backend=vlm"], "rollout.backend='vlm': the rollout engine: one of 'auto', 'hf', 'vllm'"),
     ("twx", ["rollout.vllm.gpu_memory_utilization=1.5"], "rollout.vllm.gpu_memory_utilization=1.5: a number in (0, 1]"),
     ("twx", ["rollout.vllm.max_num_seqs=0"], f"rollout.vllm.max_num_seqs=0: {INT_GE1}"),
     ("twx", ["rollout.vllm.enforce_eager=x"], f"rollout.vllm.enforce_eager='x': {BOOL}"),
@@ -322,7 +322,7 @@ def test_every_bad_key_is_listed_at_once_on_the_real_compose():
            "eto.pairs.contrast=trajetory": "eto.pairs.contrast='trajetory': one of 'trajectory', 'step', 'mixture'",
            "eto.pairs.chosen=me": "eto.pairs.chosen='me': one of 'expert', 'self', 'both'",
            "eto.dpo.loss_type=[sigmod]": "eto.dpo.loss_type=['sigmod']: 'sigmod' is not a TRL DPO loss type",
-           "rollout.backend=vlm": "rollout.backend='vlm': the rollout engine: one of 'hf', 'vllm'"}
+           "rollout.backend=vlm": "rollout.backend='vlm': the rollout engine: one of 'auto', 'hf', 'vllm'"}
     errors = errors_of(compose(list(bad)))
     assert len(errors) == len(bad), errors
     for want in bad.values():
@@ -407,7 +407,7 @@ def finished_eval(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("bad,message", [
-    ("rollout.backend=vlm", "rollout.backend='vlm': the rollout engine: one of 'hf', 'vllm'"),
+    ("rollout.backend=vlm", "rollout.backend='vlm': the rollout engine: one of 'auto', 'hf', 'vllm'"),
     ("rollout.batch_size=0", "rollout.batch_size=0: an integer >= 1"),
     ("env.step_limit=0", "env.step_limit=0: an integer >= 1"),
     ("eto.dpo.beta=-1", "eto.dpo.beta=-1: a number > 0"),

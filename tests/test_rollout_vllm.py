@@ -215,8 +215,59 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
     assert made["path"] == "some/ckpt" and made["gen"] == generation(**sampling)
     assert made["gpu_memory_utilization"] == 0.5 and made["seed"] == 3 and made["max_num_seqs"] == 256
     assert made["max_context"] == cfg.model.max_context and made["dtype"] == cfg.model.dtype
-    with pytest.raises(ConfigError, match=r"rollout.backend='tgi': the rollout engine: one of 'hf', 'vllm'"):
+    with pytest.raises(ConfigError, match=r"rollout.backend='tgi': the rollout engine: one of 'auto', 'hf', 'vllm'"):
         typed(bad)
+
+
+def test_auto_backend_is_vllm_whenever_it_is_installed(monkeypatch, capsys):
+    """rollout.backend=auto (the default) plays with vLLM when ``vllm`` can be imported and with the
+    KV engine (hf) otherwise; under a multi-process launch it takes vLLM only with a CUDA GPU for
+    every process of the node. The play's stage hash names the engine that played, and make_policy
+    says, once, that auto chose vLLM."""
+    import importlib.util
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.config import typed
+    from eto_train.rollouts import play
+
+    installed = {"vllm": False}
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if installed["vllm"] else None) if name == "vllm"
+                        else real_find_spec(name, *a))
+    monkeypatch.setattr(play, "world_size", lambda: 1)
+    assert [play.chosen_backend(b) for b in ("auto", "hf", "vllm")] == ["hf", "hf", "vllm"]
+    installed["vllm"] = True
+    assert [play.chosen_backend(b) for b in ("auto", "hf", "vllm")] == ["vllm", "hf", "vllm"]
+
+    monkeypatch.setattr(play, "world_size", lambda: 4)           # accelerate launch, 2 nodes x 2 processes
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert play.chosen_backend("auto") == "hf"                    # no GPU: vLLM cannot run per process
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert play.chosen_backend("auto") == "hf"                    # one GPU for two processes
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert play.chosen_backend("auto") == "vllm"
+    monkeypatch.setattr(play, "world_size", lambda: 1)
+
+    made = []
+    monkeypatch.setattr(VLLMPolicy, "from_checkpoint", staticmethod(lambda path, *a, **kw: made.append(path) or "vllm"))
+    root = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(str(root), version_base="1.3"):
+        cfg = typed(compose("config"))
+    assert cfg.rollout.backend == "auto"                          # the shipped default
+    settings = cfg.rollout.merged(cfg.eval.rollout)
+    assert play.make_policy(cfg, "some/ckpt", settings) == "vllm" and made == ["some/ckpt"]
+    assert "rollout.backend=auto: vLLM is installed, so vLLM plays" in capsys.readouterr().out
+    assert play.Rollouts(cfg, "some/ckpt", PolicyRef("p@1"), settings).backend == "vllm"
+    installed["vllm"] = False
+    assert play.Rollouts(cfg, "some/ckpt", PolicyRef("p@1"), settings).backend == "hf"
+    monkeypatch.setitem(sys.modules, "vllm", None)                 # a module entry without a spec
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    assert not play.vllm_installed() and play.chosen_backend("auto") == "hf"
 
 
 # -- vLLM's start rule: free GPU memory >= gpu_memory_utilization x total (numbers faked) ------------

@@ -24,6 +24,7 @@ ranks; several items of one task share the counts in play order, as in one proce
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -105,12 +106,44 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
 
+def vllm_installed() -> bool:
+    """Whether ``import vllm`` would find a package (without importing it: that takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError, AttributeError):  # a module entry of None or without a spec
+        return False
+
+
+def chosen_backend(backend: str) -> str:
+    """``rollout.backend`` as played: ``hf`` and ``vllm`` as they are; ``auto`` (the default) is vLLM
+    whenever it is installed, the KV engine (``hf``) otherwise. The issue-35 rule: where vLLM wins,
+    it is the default; on the 2-core CPU it played 1.16-1.23x faster than the KV engine once
+    started, and needed 96-124 s to start (docs/bench.md). Under a multi-process launch ``auto`` takes
+    vLLM only with a CUDA GPU for each process of the node (vllm_engine.own_gpu), where it can run."""
+    if backend != "auto":
+        return backend
+    if not vllm_installed():
+        return "hf"
+    if world_size() > 1:
+        import torch
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size())
+        if not torch.cuda.is_available() or torch.cuda.device_count() < local:
+            return "hf"
+    return "vllm"
+
+
 def make_policy(cfg: Config, policy_path: str, settings: RolloutSection):
     """The rollout engine's policy for ``settings.backend`` (``settings``: the effective rollout
-    section): hf (batched, KV-cached; CPU or GPU) or vllm (GPU; the checkpoint is loaded into a
-    vLLM engine once per policy, with ``settings.vllm``'s keywords)."""
+    section; ``auto`` resolved by :func:`chosen_backend`): hf (batched, KV-cached; CPU or GPU) or
+    vllm (the checkpoint is loaded into a vLLM engine once per policy, with ``settings.vllm``'s
+    keywords)."""
     gen = GenerationConfig(**settings.generation.model_dump())
-    if settings.backend == "vllm":
+    if chosen_backend(settings.backend) == "vllm":
+        if settings.backend == "auto" and is_main():
+            Console(markup=False).print("rollout.backend=auto: vLLM is installed, so vLLM plays (on a CPU its "
+                                        "engine takes 1-2 minutes to start); rollout.backend=hf plays on the "
+                                        "project's KV engine")
         from .vllm_engine import VLLMPolicy
 
         return VLLMPolicy.from_checkpoint(policy_path, gen, cfg.model.max_context, dtype=cfg.model.dtype,
@@ -140,7 +173,7 @@ class Rollouts:
         self.cfg, self.path, self.ref, self.settings = cfg, policy_path, ref, settings
         self.env_cfg, self.prompt = cfg.env.plain(), PromptConfig(**cfg.prompt.plain())
         self.sampling = settings.generation.model_dump()  # every decoding key: the stage hash names them all
-        self.backend = settings.backend
+        self.backend = chosen_backend(settings.backend)  # the engine that plays: part of the stage hash
         self.data_parallel = world_size() > 1 and settings.data_parallel
         self._policy = None
         self._weights_checked = False
