@@ -117,8 +117,8 @@ def vllm_installed() -> bool:
 def chosen_backend(backend: str) -> str:
     """``rollout.backend`` as played: ``hf`` and ``vllm`` as they are; ``auto`` (the default) is vLLM
     whenever it is installed, the KV engine (``hf``) otherwise. The issue-35 rule: where vLLM wins,
-    it is the default; on the 2-core CPU it played 1.16-1.23x faster than the KV engine once
-    started, and needed 96-124 s to start (docs/bench.md). Under a multi-process launch ``auto`` takes
+    it is the default; on the 2-core CPU it played 1.12-1.23x faster than the KV engine once
+    started, and needed 57-124 s to start (docs/bench.md). Under a multi-process launch ``auto`` takes
     vLLM only with a CUDA GPU for each process of the node (vllm_engine.own_gpu), where it can run."""
     if backend != "auto":
         return backend
