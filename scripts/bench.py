@@ -57,6 +57,7 @@ from eto_train.interrupt import interruptible
 from eto_train.model.load import load_model, load_tokenizer, policy_ref
 from eto_train.prompting import PromptConfig
 from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
+from eto_train.rollouts.vllm_engine import vllm_installed
 from eto_train.runtime import setup_runtime, to_plain, versions
 from eto_train.store import write_json
 
@@ -557,17 +558,11 @@ def _dp_rows(t, dp) -> None:
 
 
 # -- 7. vLLM against the KV engine, same episodes ------------------------------------------------
-def _has_vllm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 def _vllm(cfg) -> dict:
     """Here when this python has vLLM, else in ``bench.vllm.python`` (``bench.only=vllm``, the same
     overrides); skipped when neither has it."""
     v = cfg.bench.vllm
-    if _has_vllm():
+    if vllm_installed():
         return _vllm_measure(cfg)
     py = ROOT / v.python
     if not v.enabled or not py.exists():

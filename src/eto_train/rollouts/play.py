@@ -24,7 +24,6 @@ ranks; several items of one task share the counts in play order, as in one proce
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
@@ -50,6 +49,7 @@ from ..runtime import config_hash
 from ..store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_json, write_jsonl
 from ..training.save import check_finite_weights
 from .loop import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
+from .vllm_engine import VLLMPolicy, vllm_installed
 from .progress import RolloutProgress
 
 # what a rollout stage writes in its folder (evaluate adds metrics.json, derived from the episodes):
@@ -106,20 +106,11 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
 
-def vllm_installed() -> bool:
-    """Whether ``import vllm`` would find a package (without importing it: that takes seconds)."""
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError, AttributeError):  # a module entry of None or without a spec
-        return False
-
-
 def chosen_backend(backend: str) -> str:
     """``rollout.backend`` as played: ``hf`` and ``vllm`` as they are; ``auto`` (the default) is vLLM
-    whenever it is installed, the KV engine (``hf``) otherwise. The issue-35 rule: where vLLM wins,
-    it is the default; on the 2-core CPU it played 1.12-1.23x faster than the KV engine once
-    started, and needed 57-124 s to start (docs/bench.md). Under a multi-process launch ``auto`` takes
-    vLLM only with a CUDA GPU for each process of the node (vllm_engine.own_gpu), where it can run."""
+    whenever it is installed, the KV engine (``hf``) otherwise: the issue-35 rule, where vLLM wins it
+    is the default (the figures, its start apart: docs/bench.md). Under a multi-process launch ``auto``
+    takes vLLM only with a CUDA GPU for each process of the node (vllm_engine.own_gpu), where it can run."""
     if backend != "auto":
         return backend
     if not vllm_installed():
@@ -144,8 +135,6 @@ def make_policy(cfg: Config, policy_path: str, settings: RolloutSection):
             Console(markup=False).print("rollout.backend=auto: vLLM is installed, so vLLM plays (on a CPU its "
                                         "engine takes 1-2 minutes to start); rollout.backend=hf plays on the "
                                         "project's KV engine")
-        from .vllm_engine import VLLMPolicy
-
         return VLLMPolicy.from_checkpoint(policy_path, gen, cfg.model.max_context, dtype=cfg.model.dtype,
                                           seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
                                           **(settings.vllm.model_dump() if settings.vllm else {}))

