@@ -49,8 +49,8 @@ from ..runtime import config_hash
 from ..store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_json, write_jsonl
 from ..training.save import check_finite_weights
 from .loop import GenerationConfig, Policy, RolloutConfig, WorkItem, run_rollouts
-from .vllm_engine import VLLMPolicy, vllm_installed
 from .progress import RolloutProgress
+from .vllm_engine import VLLMPolicy, vllm_installed
 
 # what a rollout stage writes in its folder (evaluate adds metrics.json, derived from the episodes):
 # a rerun of a finished stage replaces exactly these, once it has played every episode
