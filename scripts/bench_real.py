@@ -76,6 +76,7 @@ def matmul_peak(reps: int = 5) -> dict:
 def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 0) -> dict:
     """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, of which
     the first ``shared`` are the play's shared prompt prefix (as in a rollout: instruction and example), the
+    same with torch's attention kernel instead of the C++ one (``rollout.decode_kernel=false``), the
     577f8ab engine likewise, and the weights alone (rows of one token). One row is prefilled and its keys
     and values copied into the others (the timing does not depend on what the tokens are)."""
     from baseline_kvbatch import KVBatch as Baseline  # scripts/
@@ -85,8 +86,10 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
     ids = torch.randint(100, 40000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     out = {}
     with torch.inference_mode():
-        for name, ctx in (("engine", context), ("weights_only", 1)):
-            s = KVBatch(model, tok, steps + 4, ctx + steps + 4, stop_ids=[-1], share_prefixes=False)
+        for name, ctx, kernel in (("engine", context, True), ("engine_torch_kernel", context, False),
+                                  ("weights_only", 1, True)):
+            s = KVBatch(model, tok, steps + 4, ctx + steps + 4, stop_ids=[-1], share_prefixes=False,
+                        decode_kernel=kernel)
             for _ in range(batch):
                 s.add_row()
             s._prefill(0, ids[:ctx])
@@ -95,7 +98,7 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
             for r in range(1, batch):
                 s.cache.write(r, kv, ctx)
                 s.length[r] = ctx
-            if name == "engine" and shared:  # the rows' common prompt prefix, as KVBatch.step records it
+            if name != "weights_only" and shared:  # the rows' common prompt prefix, as KVBatch.step records it
                 s.shared_ids, s.cache.shared_kv = ids[:shared], s.cache.read(0, shared)
                 s.shares[:batch] = [shared] * batch
             token = [ids[0]] * batch  # every row answering: each step adds a position to each
@@ -112,6 +115,7 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
         out["engine_577f8ab_ms"] = 1e3 * _median_s(lambda: old._forward([[ids[0]]] * batch), steps)
     out.update(batch=batch, context=context, shared_prefix=shared, steps=steps, threads=torch.get_num_threads(),
                engine_vs_weights=out["engine_ms"] / out["weights_only_ms"],
+               torch_kernel_vs_weights=out["engine_torch_kernel_ms"] / out["weights_only_ms"],
                baseline_vs_engine=out["engine_577f8ab_ms"] / out["engine_ms"])
     return out
 
@@ -513,6 +517,10 @@ def run(cfg) -> dict:
     return res
 
 
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.0f}"  # a run before the C++ kernel has no torch-kernel row
+
+
 def rows(t, r) -> None:
     pk = r["matmul"]["peak"]
     t.add_row(f"matmul peak, fp32 / bf16 (GFLOP/s; CPU capability {r['matmul']['cpu_capability']})",
@@ -520,9 +528,9 @@ def rows(t, r) -> None:
                         for k in pk if k.startswith("float32")))
     if d := r.get("decode_step"):
         t.add_row(f"decode step, batch {d['batch']}, {d['context']}-token contexts ({d.get('shared_prefix', 0)} shared): "
-                  "engine / weights only / 577f8ab",
-                  f"{d['engine_ms']:.0f} / {d['weights_only_ms']:.0f} / {d['engine_577f8ab_ms']:.0f} ms "
-                  f"({d['engine_vs_weights']:.2f}x the weights; target <= 2x)")
+                  "engine / torch's attention kernel / weights only / 577f8ab",
+                  f"{d['engine_ms']:.0f} / {_ms(d.get('engine_torch_kernel_ms'))} / {d['weights_only_ms']:.0f} / "
+                  f"{d['engine_577f8ab_ms']:.0f} ms ({d['engine_vs_weights']:.2f}x the weights; target <= 2x)")
     for env, ro in r.get("rollouts", {}).items():
         for name in ("engine", "engine_577f8ab", "generate"):
             if name in ro:

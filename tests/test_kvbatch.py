@@ -98,20 +98,20 @@ def test_shared_prompt_prefix_is_computed_once_and_answers_do_not_change(tiny_mo
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("cpu_flash", [True, False], ids=["cpu-flash-kernel", "matmuls"])
-def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_slot(cpu_flash, dtype, monkeypatch):
+@pytest.mark.parametrize("kernel", ["c++", "cpu-flash", "matmuls"])
+def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_slot(kernel, dtype, monkeypatch):
     """decode_attention reads the first ``shared`` positions once from the play's shared prefix and the rest from
     each row's slot: the result equals SDPA over every row's whole slot (GQA: 6 query heads on 2 key-value heads),
     masked rows included, and so does a forward of some rows by slot (each read to its own length, alone or in a
-    run of adjacent slots); with torch's CPU flash kernel and with the matmuls other devices use, in fp32 and in bf16
-    (to bf16's precision, the result in bf16)."""
+    run of adjacent slots, or in the C++ kernel); with the project's C++ kernel, torch's CPU flash kernel and the
+    matmuls other devices use, in fp32 and in bf16 (to bf16's precision, the result in bf16)."""
     import types
 
     import torch.nn.functional as F
 
-    from eto_train.rollouts import kvbatch
+    from eto_train.rollouts import decode_kernel, kvbatch
 
-    if not cpu_flash:
+    if kernel == "matmuls":
         monkeypatch.setattr(kvbatch, "_CPU_FLASH", None)
     else:
         assert kvbatch._CPU_FLASH is not None, "this torch has no CPU flash-attention kernel"
@@ -128,18 +128,25 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
                                               attn_mask=mask, scale=0.3).transpose(1, 2)
     q, k, v, prefix_k, prefix_v = (t.to(dtype) for t in (q, k, v, prefix_k, prefix_v))
     module = types.SimpleNamespace(layer_idx=0)
-    cache = types.SimpleNamespace(shared=shared, shared_kv=[(prefix_k, prefix_v)], fed=None, fed_lengths=None)
+    built = decode_kernel.load() if kernel == "c++" else None
+    assert kernel != "c++" or built is not None, "the C++ kernel was not built (a C++ compiler and ninja are needed)"
+    cache = types.SimpleNamespace(shared=shared, shared_kv=[(prefix_k, prefix_v)], fed=None, fed_lengths=None,
+                                  kernel=built)
+
+    def feed(slots, lengths):  # as KVBatch._run sets them for a decode step of these slots
+        cache.fed, cache.fed_lengths = slots, lengths
+        cache.fed_index, cache.fed_ends = torch.tensor(slots)[:, None], torch.tensor(lengths)
+        cache.fed_runs = None if built is not None else kvbatch._runs(slots, lengths, shared)
+
     kvbatch._forward.cache = cache
     try:
         got, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
         # rows fed by slot (the live rows of a decode step): whole buffers, each row read to its own length;
         # slots 2 and 0 (two runs, unmasked), then slots 0-2 (one run, masked to each row's length)
-        cache.fed, cache.fed_lengths = [2, 0], [9, 20]
-        cache.fed_runs = kvbatch._runs(cache.fed, cache.fed_lengths, shared)
+        feed([2, 0], [9, 20])
         by_slot, _ = kvbatch.decode_attention(module, q[[2, 0]], k, v, None, scaling=0.3)
-        cache.fed, cache.fed_lengths = [0, 1, 2], [20, 15, 9]
-        cache.fed_runs = kvbatch._runs(cache.fed, cache.fed_lengths, shared)
-        assert len(cache.fed_runs) == 1 and cache.fed_runs[0][4] is not None
+        feed([0, 1, 2], [20, 15, 9])
+        assert built is not None or (len(cache.fed_runs) == 1 and cache.fed_runs[0][4] is not None)
         one_run, _ = kvbatch.decode_attention(module, q, k, v, None, scaling=0.3)
         cache.shared, cache.fed, cache.fed_lengths = 0, None, None  # no shared prefix: over the slots alone
         plain, _ = kvbatch.decode_attention(module, q, k, v, mask, scaling=0.3)
@@ -154,9 +161,9 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
 
 def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
     """Rows whose answer ended are not fed while the others decode: the answers, over two turns with rows
-    ending at different lengths, equal HF generate's (with the same stop tokens) and those of the engine's
-    every-row path (the model's own attention over contiguous slots), and the decode steps fed only the
-    tokens the live rows generated."""
+    ending at different lengths, equal HF generate's (with the same stop tokens), those of the engine's
+    every-row path (the model's own attention over contiguous slots) and those of the live rows read through
+    torch's kernel instead of the C++ one, and the decode steps fed only the tokens the live rows generated."""
     tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # weights that answer each prompt differently (the fixture's repeat one token)
@@ -179,12 +186,17 @@ def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
     policy.stop_ids = list(policy.stop_ids) + [stop]
     live, every = policy.session(), policy.session()
     every._decode_attention = False  # the every-row path: the model's own attention, a mask, contiguous slots
-    for s in (live, every):
+    torch_kernel = Policy(model, tok, policy.gen, decode_kernel=False)  # rollout.decode_kernel=false
+    torch_kernel.stop_ids = policy.stop_ids
+    runs = torch_kernel.session()  # the live rows in runs of adjacent slots through torch's kernel
+    assert live.cache.kernel is not None and runs.cache.kernel is None
+    for s in (live, every, runs):
         for _ in convs:
             s.add_row()
     for turn in range(2):
         a, b = live.step(convs), every.step(convs)
-        assert [r[0] for r in a] == [r[0] for r in b] == [r[0] for r in policy.generate(convs)]
+        assert [r[0] for r in a] == [r[0] for r in b] == [r[0] for r in runs.step(convs)]
+        assert [r[0] for r in a] == [r[0] for r in policy.generate(convs)]
         assert len({r[2] for r in a}) > 1 or turn  # the first turn's answers end at different lengths
         for c, (text, *_) in zip(convs, a):
             c += [{"role": "assistant", "content": text}, {"role": "user", "content": "You see a door."}]

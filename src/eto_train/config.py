@@ -459,6 +459,7 @@ class RolloutSection(Section):
     batch_size: Int(ge=1, when=" (episodes in parallel)")
     backend: Choice(BACKENDS, what="the rollout engine")
     vllm: Part(VLLM, "vllm.LLM keywords", null="vLLM's defaults")
+    decode_kernel: Flag
     overlap_env: Flag
     data_parallel: Flag
     env_retries: Int(ge=0)

@@ -48,6 +48,8 @@ import time
 import torch
 
 from ..model import PLAIN_ATTENTION  # their decode steps use decode_attention; any other keeps its own
+from .decode_kernel import DTYPES as KERNEL_DTYPES
+from .decode_kernel import load as load_decode_kernel
 
 MIN_SHARED = 16       # a prompt prefix shorter than this is computed, not copied
 DECODE_ATTENTION = "eto_slots_decode"
@@ -76,9 +78,10 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     the CPU).
 
     When the cache feeds rows by slot (``fed``: a decode step of the rows still answering, see
-    :meth:`KVBatch._decode`), ``key``/``value`` are the whole buffers and the rows read their own slots in
-    runs (``fed_runs``, :func:`_runs`): rows in adjacent slots of similar lengths in one kernel call, masked to
-    each row's length, so that neither a finished row nor a long row's tail is read by the others."""
+    :meth:`KVBatch._decode`), ``key``/``value`` are the whole buffers and each row reads its own slot to its own
+    length: in one call of the C++ kernel (``cache.kernel``, :mod:`.decode_kernel`) on a CPU, else in runs
+    (``fed_runs``, :func:`_runs`): rows in adjacent slots of similar lengths in one call of torch's kernel,
+    masked to each row's length, so that neither a finished row nor a long row's tail is read by the others."""
     b, heads, q, d = query.shape
     kv_heads = key.shape[1]
     g = heads // kv_heads * q
@@ -86,7 +89,10 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     m = cache.shared if cache is not None else 0
     grouped = query.reshape(b, kv_heads, g, d)
     scale = scaling if scaling is not None else d ** -0.5
-    if cache is not None and cache.fed is not None:  # rows fed by slot: each reads its own slot to its length
+    if cache is not None and cache.fed is not None and cache.kernel is not None and key.dtype in KERNEL_DTYPES:
+        # rows fed by slot, in the C++ kernel: each reads its own slot to its own length, all in one call
+        out, lse = cache.kernel.decode_attention(grouped, key, value, cache.fed_index, cache.fed_ends, m, scale)
+    elif cache is not None and cache.fed is not None:  # rows fed by slot: each reads its own slot to its length
         parts = [_attend(grouped[i:j], key[s:s + j - i, :, m:n], value[s:s + j - i, :, m:n], run_mask, scale)
                  for i, j, s, n, run_mask in cache.fed_runs]
         out, lse = (parts[0] if len(parts) == 1 else
@@ -205,6 +211,8 @@ class SlotCache:
         self.fed: list[int] | None = None
         self.fed_lengths: list[int] | None = None
         self.fed_index: torch.Tensor | None = None  # ``fed`` as a ``[rows, 1]`` index
+        self.fed_ends: torch.Tensor | None = None  # ``fed_lengths`` as a tensor (the C++ kernel's)
+        self.kernel = None  # the C++ decode-attention kernel (decode_kernel.load()), None: torch's
         self.fed_runs: list[tuple] | None = None  # ``fed`` in runs of adjacent slots (:func:`_runs`)
         # a packed forward (several rows' chunks in one sequence): (slot, first position, length, offset,
         # additive mask) per chunk and, per token, its slot and position (None: not packed)
@@ -319,7 +327,7 @@ class PrefixStore:
 class KVBatch:
     def __init__(self, model, tok, max_new_tokens: int, budget: int, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, encode_full=None, stop_ids=None,
-                 share_prefixes: bool = True):
+                 share_prefixes: bool = True, decode_kernel: bool = True):
         self.model, self.tok = model, tok
         self.max_new, self.budget = max_new_tokens, budget
         self.do_sample, self.temperature, self.top_p = do_sample, temperature, top_p
@@ -342,6 +350,8 @@ class KVBatch:
         self._decode_attention = getattr(model.config, "model_type", None) in PLAIN_ATTENTION
         if self._decode_attention:
             _register_attention()
+            if decode_kernel and self.device.type == "cpu":  # rollout.decode_kernel
+                self.cache.kernel = load_decode_kernel()
         self.shared_ids: list[int] | None = None  # the play's shared prefix (its first stored prompt)
         self.shares: list[int] = []  # slot -> positions it holds from the shared prefix
 
@@ -400,15 +410,18 @@ class KVBatch:
             if fed is not None:
                 c.fed, c.fed_lengths = list(fed), (positions[:, -1] + 1).tolist()
                 c.fed_index = torch.tensor(fed, device=self.device)[:, None]
-                dtype = next(self.model.parameters()).dtype  # each run's mask made additive once, not per layer
-                c.fed_runs = [(i, j, s, n, m if m is None else _bias(m.to(self.device), dtype))
-                              for i, j, s, n, m in _runs(c.fed, c.fed_lengths, c.shared)]
+                if c.kernel is not None:
+                    c.fed_ends = torch.tensor(c.fed_lengths)
+                else:
+                    dtype = next(self.model.parameters()).dtype  # each run's mask made additive once, not per layer
+                    c.fed_runs = [(i, j, s, n, m if m is None else _bias(m.to(self.device), dtype))
+                                  for i, j, s, n, m in _runs(c.fed, c.fed_lengths, c.shared)]
         try:
             with self._attention(DECODE_ATTENTION if decoding else None):
                 out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=c.positions,
                                  use_cache=True, logits_to_keep=1, **{self._cache_kw: c})
         finally:
-            c.fed = c.fed_lengths = c.fed_index = c.fed_runs = None
+            c.fed = c.fed_lengths = c.fed_index = c.fed_ends = c.fed_runs = None
         self.computed_tokens += ids.numel()
         return out.logits[:, -1, :].float()
 
