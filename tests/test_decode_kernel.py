@@ -77,13 +77,17 @@ def test_a_kernel_that_cannot_be_built_leaves_torchs_kernel_with_one_warning(mon
 
 
 def test_the_build_name_changes_with_the_source_the_flags_and_the_cpu(monkeypatch):
-    """-march=native builds for this CPU: another CPU (or source, or flags) must not reuse the build."""
+    """-march=native builds for this CPU: another CPU (or source, or flags, or torch install: another venv) must
+    not reuse the build."""
     first = decode_kernel.name()
     assert first.startswith("eto_decode_attention_") and first == decode_kernel.name()
     monkeypatch.setattr(decode_kernel, "_cpu", lambda: "model name: another CPU\nflags: sse2")
     assert decode_kernel.name() != first
     monkeypatch.undo()
     monkeypatch.setattr(decode_kernel, "CFLAGS", [*decode_kernel.CFLAGS, "-DX"])
+    assert decode_kernel.name() != first
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__file__", "/another/venv/torch/__init__.py")
     assert decode_kernel.name() != first
 
 

@@ -3,8 +3,9 @@
 :func:`load` compiles it with torch's own extension builder (``torch.utils.cpp_extension``, ninja and the
 system's C++ compiler) for this machine's CPU (``-march=native``: AVX-512 where it has it), once per machine: the
 build (~20 s) is kept in torch's extension folder (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``) under a name that carries a hash of the source, the flags, torch's version and the
-CPU's model and flags, so a change of any of them builds anew and none reuses another's. Where it cannot be built
+``~/.cache/torch_extensions``) under a name that carries a hash of the source, the flags, torch's version and
+install (each venv its own build: one venv's build command would otherwise rebuild the other's), and the CPU's
+model and flags, so a change of any of them builds anew and none reuses another's. Where it cannot be built
 (no compiler, no ninja) the engine says so once and decodes with torch's flash kernel (slower, the same answers);
 ``rollout.decode_kernel: false`` never builds it.
 """
@@ -37,8 +38,8 @@ def _cpu() -> str:
 
 
 def name() -> str:
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, _cpu()])
-                            .encode()).hexdigest()[:12]
+    parts = [SOURCE.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, torch.__file__, _cpu()]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
     return f"eto_decode_attention_{digest}"
 
 
