@@ -148,6 +148,7 @@ class RealTrain(_Part):
     head_baseline: bool  # also train with TRL's LM head over every position (its CPU default), side by side
     mask_baseline: bool  # also train padded, with the padding mask (no unpad_right_padding), side by side
     prefix_baseline: bool  # also train packed with every row computing its prefix (share_prefixes=False)
+    kernel_baseline: bool  # also train with torch's attention kernel instead of the C++ one (runtime.cpu_kernels=false)
 
 
 class RealBench(_Part):

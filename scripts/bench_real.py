@@ -291,11 +291,14 @@ def training(real, out: Path, peak: dict) -> dict:
     # row computing the prefix it has in common with others (packed, not shared), with t.mask_baseline the
     # batch padded with its mask (transformers' own)
     variants = [""] + [v for v, on in ((HEAD_BASELINE, t.head_baseline), (MASK_BASELINE, t.mask_baseline),
-                                       (PREFIX_BASELINE, t.prefix_baseline)) if on]
+                                       (PREFIX_BASELINE, t.prefix_baseline), (KERNEL_BASELINE, t.kernel_baseline))
+                       if on]
     runs: dict = {"bc": {}, "dpo": {}}
     for _ in range(t.repeats):  # each repeat runs every setting once, in turn: a slow moment of the box is shared
         for dtype in t.dtypes:  # fp32, then bf16 autocast over the same fp32 weights (the trainers' bf16 flag)
             for variant in variants:
+                if variant == KERNEL_BASELINE and dtype != "bfloat16":  # the kernel runs bf16 attention only
+                    continue
                 key = f"{dtype}, {variant}" if variant else dtype
                 bc, dpo = _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params, dtype, variant,
                                        res)
@@ -313,7 +316,7 @@ def training(real, out: Path, peak: dict) -> dict:
             res[k]["loss_max_abs_diff"] = max(abs(u - v) for u, v in zip(a, b)) if a and b else None
         for dtype in t.dtypes:  # the trainers against each baseline: speed, and the same losses
             for variant, name in ((HEAD_BASELINE, "head_speedup"), (MASK_BASELINE, "mask_speedup"),
-                                  (PREFIX_BASELINE, "prefix_speedup")):
+                                  (PREFIX_BASELINE, "prefix_speedup"), (KERNEL_BASELINE, "kernel_speedup")):
                 if (base := res[k].get(f"{dtype}, {variant}")) is not None:
                     x = res[k][dtype]
                     res[k].setdefault(name, {})[dtype] = {
@@ -322,7 +325,8 @@ def training(real, out: Path, peak: dict) -> dict:
     return res
 
 
-# The ops of the weights' matmuls (the 6N FLOPs; attention's SDPA is apart): everything else is the gap to the peak.
+# The ops of the weights' matmuls (the 6N FLOPs; attention's SDPA is apart, but under the C++ attention kernel,
+# runtime.cpu_kernels, attention's bmm count here too): everything else is the gap to the peak.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::matmul", "aten::linear",
               "aten::baddbmm")
 
@@ -351,6 +355,7 @@ def _profiled(enabled: bool, path: Path):
 
 
 HEAD_BASELINE, MASK_BASELINE, PREFIX_BASELINE = "every position", "padding mask", "prefixes not shared"
+KERNEL_BASELINE = "torch's attention kernel"  # runtime.cpu_kernels=false: SDPA's flash kernel in training
 
 
 def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params, dtype, variant, res):
@@ -411,11 +416,18 @@ def _train(trainer, variant: str, profile: bool, out: Path, name: str, res: dict
     before the steps (DPO's reference pass, where it ran on the policy's decoder)."""
     from eto_train.training.right_padding import reset_token_counts, token_counts, unpad_right_padding
 
+    from eto_train import native
+
     unpad_right_padding(trainer.model, variant != MASK_BASELINE, share_prefixes=variant != PREFIX_BASELINE)
     before = token_counts(trainer.model)
     reset_token_counts(trainer.model)
-    with _profiled(profile, out / f"profile_{name.replace('/', '_')}.txt") as where:
-        r = trainer.train()
+    on = native.enabled()
+    native.enable(on and variant != KERNEL_BASELINE)
+    try:
+        with _profiled(profile, out / f"profile_{name.replace('/', '_')}.txt") as where:
+            r = trainer.train()
+    finally:
+        native.enable(on)
     if where:
         res.setdefault("profile", {})[name] = where
     return r, _computed(token_counts(trainer.model)), before

@@ -1,6 +1,5 @@
 """The C++ decode-attention kernel (rollouts/decode_kernel.py, decode_attention.cpp): each row's attention over
-its own slot, checked against softmax attention computed in float64; its build name; the fallback where it
-cannot be built."""
+its own slot, checked against softmax attention computed in float64 (its build and fallback: test_native.py)."""
 
 from __future__ import annotations
 
@@ -48,67 +47,3 @@ def test_each_row_attends_over_its_own_slot_to_its_own_length(g, d, dtype):
     assert torch.allclose(out.double(), want_out, atol=2e-6) and torch.equal(out[2], torch.zeros_like(out[2]))
     assert torch.allclose(lse[[0, 1, 3]].double(), want_lse[[0, 1, 3]], atol=2e-6)
     assert torch.isinf(lse[2]).all() and (lse[2] < 0).all()
-
-
-def test_a_kernel_that_cannot_be_built_leaves_torchs_kernel_with_one_warning(monkeypatch, capsys, tiny_model_dir):
-    """No compiler (the build raises): load() says why, once, and returns None every time after without building
-    again; a KV session then decodes with torch's kernel (cache.kernel None)."""
-    import torch.utils.cpp_extension as ext
-
-    from eto_train.model.load import load_model, load_tokenizer
-    from eto_train.rollouts.kvbatch import KVBatch
-
-    tries = []
-    monkeypatch.setattr(decode_kernel, "_built", {})
-
-    def broken(*a, **kw):
-        tries.append(a)
-        raise RuntimeError("Ninja is required to load C++ extensions")
-
-    monkeypatch.setattr(ext, "load", broken)
-    assert decode_kernel.load() is None and decode_kernel.load() is None and len(tries) == 1
-    out = capsys.readouterr().out
-    assert out.count("warning: the C++ decode-attention kernel could not be built") == 1
-    assert "Ninja is required" in out and "rollout.decode_kernel=false" in out
-    session = KVBatch(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)), 4, 256)
-    assert session.cache.kernel is None and len(tries) == 1
-    off = KVBatch(session.model, session.tok, 4, 256, decode_kernel=False)  # never builds
-    assert off.cache.kernel is None and len(tries) == 1
-
-
-def test_the_build_name_changes_with_the_source_the_flags_and_the_cpu(monkeypatch):
-    """-march=native builds for this CPU: another CPU (or source, or flags, or torch install: another venv) must
-    not reuse the build."""
-    first = decode_kernel.name()
-    assert first.startswith("eto_decode_attention_") and first == decode_kernel.name()
-    monkeypatch.setattr(decode_kernel, "_cpu", lambda: "model name: another CPU\nflags: sse2")
-    assert decode_kernel.name() != first
-    monkeypatch.undo()
-    monkeypatch.setattr(decode_kernel, "CFLAGS", [*decode_kernel.CFLAGS, "-DX"])
-    assert decode_kernel.name() != first
-    monkeypatch.undo()
-    monkeypatch.setattr(torch, "__file__", "/another/venv/torch/__init__.py")
-    assert decode_kernel.name() != first
-
-
-def test_rollout_decode_kernel_reaches_the_kv_engine(tiny_model_dir):
-    """The shipped config builds the kernel (rollout.decode_kernel: true); eval.rollout.decode_kernel=false
-    reaches the policy and its sessions (torch's kernel), and the config refuses a value that is not a flag."""
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-
-    from eto_train.config import ConfigError, typed
-    from eto_train.rollouts import play
-
-    root = Path(__file__).resolve().parents[1] / "configs"
-    with initialize_config_dir(str(root), version_base="1.3"):
-        cfg = typed(compose("config", overrides=["rollout.backend=hf"]))
-        off = typed(compose("config", overrides=["rollout.backend=hf", "+eval.rollout.decode_kernel=false"]))
-        bad = compose("config", overrides=["rollout.decode_kernel=sometimes"])
-    assert cfg.rollout.decode_kernel is True
-    on_policy = play.make_policy(cfg, str(tiny_model_dir), cfg.rollout.merged(cfg.eval.rollout))
-    off_policy = play.make_policy(off, str(tiny_model_dir), off.rollout.merged(off.eval.rollout))
-    assert on_policy.session().cache.kernel is not None and off_policy.session().cache.kernel is None
-    with pytest.raises(ConfigError, match=r"rollout.decode_kernel"):
-        typed(bad)

@@ -186,9 +186,8 @@ def test_a_decode_step_feeds_only_the_rows_still_answering(tiny_model_dir):
     policy.stop_ids = list(policy.stop_ids) + [stop]
     live, every = policy.session(), policy.session()
     every._decode_attention = False  # the every-row path: the model's own attention, a mask, contiguous slots
-    torch_kernel = Policy(model, tok, policy.gen, decode_kernel=False)  # rollout.decode_kernel=false
-    torch_kernel.stop_ids = policy.stop_ids
-    runs = torch_kernel.session()  # the live rows in runs of adjacent slots through torch's kernel
+    runs = KVBatch(model, tok, policy.gen.max_new_tokens, policy.max_context, encode_full=policy._encode,
+                   stop_ids=policy.stop_ids, decode_kernel=False)  # the live rows in runs, through torch's kernel
     assert live.cache.kernel is not None and runs.cache.kernel is None
     for s in (live, every, runs):
         for _ in convs:

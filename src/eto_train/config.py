@@ -111,6 +111,7 @@ def Threads() -> Any:
 class Runtime(Section):
     train_threads: Threads()
     rollout_threads: Threads()
+    cpu_kernels: Flag
 
 
 def _experts_source(v: str) -> str:
@@ -459,7 +460,6 @@ class RolloutSection(Section):
     batch_size: Int(ge=1, when=" (episodes in parallel)")
     backend: Choice(BACKENDS, what="the rollout engine")
     vllm: Part(VLLM, "vllm.LLM keywords", null="vLLM's defaults")
-    decode_kernel: Flag
     overlap_env: Flag
     data_parallel: Flag
     env_retries: Int(ge=0)
@@ -849,7 +849,7 @@ class Config(Section):
                           "seed, runs/<run>/seed<k>/), or null (one run at seed)")]
     trust_remote_code: Flag
     paths: Part(Paths, "the run's folders")
-    runtime: Part(Runtime, "{train_threads, rollout_threads}")
+    runtime: Part(Runtime, "{train_threads, rollout_threads, cpu_kernels}")
     experts: Part(Experts, "{source, on_lost}")
     wandb: Part(Wandb, "{enabled, mode, project}")
     env: Part(EnvSection, "an environment section (configs/env)")

@@ -78,11 +78,15 @@ def pick_threads(setting: int | str, gain: float = 1.25) -> int:
     return n if one >= gain * all_ else 1
 
 
-def setup_runtime(threads: int | str) -> int:
+def setup_runtime(threads: int | str, cpu_kernels: bool = True) -> int:
     """Set torch's thread count deliberately (busy JVMs make 2 threads 5-8x slower than 1):
-    ``threads`` an integer, or ``auto`` (:func:`pick_threads`); returns the count set."""
+    ``threads`` an integer, or ``auto`` (:func:`pick_threads`); returns the count set. ``cpu_kernels``
+    (``runtime.cpu_kernels``): whether the project's C++ kernels are built and used (:mod:`eto_train.native`)."""
     import torch
 
+    from . import native
+
+    native.enable(cpu_kernels)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's reference pass uses a bare tqdm

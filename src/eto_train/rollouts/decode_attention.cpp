@@ -9,7 +9,7 @@
 // 37 GB/s; as batched matmuls it was no faster (docs/bench.md). vLLM-CPU has such a kernel inside its engine
 // only. This one reads each key and value once: the scores of 16 keys at a time (one vector each, summed by a
 // transpose), a vectorized softmax, then the values. AVX-512 where the compiler targets it (-march=native), plain
-// loops elsewhere. Built at first use by torch.utils.cpp_extension (src/eto_train/rollouts/decode_kernel.py).
+// loops elsewhere. Built at first use by torch.utils.cpp_extension (src/eto_train/native.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

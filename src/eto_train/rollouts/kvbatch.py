@@ -350,7 +350,7 @@ class KVBatch:
         self._decode_attention = getattr(model.config, "model_type", None) in PLAIN_ATTENTION
         if self._decode_attention:
             _register_attention()
-            if decode_kernel and self.device.type == "cpu":  # rollout.decode_kernel
+            if decode_kernel and self.device.type == "cpu":  # None where runtime.cpu_kernels is off
                 self.cache.kernel = load_decode_kernel()
         self.shared_ids: list[int] | None = None  # the play's shared prefix (its first stored prompt)
         self.shares: list[int] = []  # slot -> positions it holds from the shared prefix

@@ -77,10 +77,8 @@ GenerationConfig = Generation
 class Policy:
     """A causal LM + tokenizer that answers a batch of conversations."""
 
-    def __init__(self, model, tokenizer, gen: GenerationConfig, max_context: int | None = None,
-                 decode_kernel: bool = True):
+    def __init__(self, model, tokenizer, gen: GenerationConfig, max_context: int | None = None):
         self.model, self.tok, self.gen = model, tokenizer, gen
-        self.decode_kernel = decode_kernel  # rollout.decode_kernel: the KV engine's C++ decode attention (CPU)
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 2048)
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.model.eval()
@@ -102,7 +100,7 @@ class Policy:
             return None
         g = self.gen
         return KVBatch(self.model, self.tok, g.max_new_tokens, self.max_context, g.do_sample, g.temperature,
-                       g.top_p, encode_full=self._encode, stop_ids=self.stop_ids, decode_kernel=self.decode_kernel)
+                       g.top_p, encode_full=self._encode, stop_ids=self.stop_ids)
 
     def generate(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int, int, int]]:
         """For each conversation: (text, prompt tokens, completion tokens, turns dropped)."""

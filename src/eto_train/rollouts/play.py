@@ -144,7 +144,7 @@ def make_policy(cfg: Config, policy_path: str, settings: RolloutSection):
     if warning and is_main():
         Console(markup=False).print(f"warning: {warning}")
     model = load_model(policy_path, dtype=cfg.model.dtype, trust_remote_code=cfg.trust_remote_code, device="auto")
-    return Policy(model, tok, gen, cfg.model.max_context, decode_kernel=settings.decode_kernel)
+    return Policy(model, tok, gen, cfg.model.max_context)
 
 
 class Rollouts:

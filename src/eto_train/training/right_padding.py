@@ -75,7 +75,7 @@ def row_attention(module, query, key, value, attention_mask, scaling=None, dropo
     spans = kwargs.pop(SPANS, None)
     if spans is None:
         return _SDPA[0](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    import torch.nn.functional as F
+    from .attention_kernel import causal_attention
 
     gqa = query.shape[1] != key.shape[1]
     p = dropout if module.training else 0.0
@@ -88,7 +88,7 @@ def row_attention(module, query, key, value, attention_mask, scaling=None, dropo
             continue
         else:
             q, k, v = (x.index_select(2, row[2]) for x in (query, key, value))
-        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling, enable_gqa=gqa)
+        o = causal_attention(q, k, v, scale=scaling, dropout_p=p, enable_gqa=gqa)  # SDPA's, or the C++ kernel's
         out.append(o if len(row) == 2 else o[:, :, o.shape[2] - (b - a):])
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 

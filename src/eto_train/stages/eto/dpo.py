@@ -51,7 +51,7 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
     settings; from iteration 2 on, ``eto.dpo.later``'s (beta, learning_rate) replace its own."""
     cfg = typed(cfg)
     console = Console(markup=False)
-    setup_runtime(cfg.runtime.train_threads)
+    setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
     section = cfg.eto.dpo.at(iteration)
     d = {k: v for k, v in section.plain().items() if k != "later"}  # what this iteration trains with
     stage_dir = layout.dpo_dir(out)

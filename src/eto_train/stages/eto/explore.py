@@ -48,7 +48,7 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
     ``contrast=step_value`` the continuations include the value continuations (:func:`play_values`),
     told apart by their ``env_params["parent"]`` (``pairs.value_parent``)."""
     cfg = typed(cfg)
-    setup_runtime(cfg.runtime.rollout_threads)
+    setup_runtime(cfg.runtime.rollout_threads, cfg.runtime.cpu_kernels)
     ex = cfg.eto.explore
     # step values sample: a temperature of 0 is refused here, before the exploration, not after it
     sampled = value_settings(cfg) if contrast_kind(cfg.eto.pairs.contrast).values else None

@@ -1,0 +1,89 @@
+"""The project's C++ kernels' builder (native.py): one build per source, CPU, flags and torch install; a build that
+fails falls back once, said; runtime.cpu_kernels=false builds nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eto_train import native
+from eto_train.rollouts import decode_kernel
+from eto_train.training import attention_kernel
+
+
+def test_the_build_name_changes_with_the_source_the_flags_the_torch_install_and_the_cpu(monkeypatch):
+    """-march=native builds for this CPU: another CPU (or source, flags, torch install: another venv) must not
+    reuse the build."""
+    src = decode_kernel.SOURCE
+    first = native.name(src)
+    assert first.startswith("eto_decode_attention_") and first == native.name(src)
+    assert native.name(attention_kernel.SOURCE).startswith("eto_causal_attention_")
+    monkeypatch.setattr(native, "_cpu", lambda: "model name: another CPU\nflags: sse2")
+    assert native.name(src) != first
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-DX"])
+    assert native.name(src) != first
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__file__", "/another/venv/torch/__init__.py")
+    assert native.name(src) != first
+
+
+def test_a_kernel_that_cannot_be_built_falls_back_with_one_warning(monkeypatch, capsys, tiny_model_dir):
+    """No compiler (the build raises): load() says why and what it does instead, once per source, and returns None
+    every time after without building again; a KV session then decodes with torch's kernel (cache.kernel None)."""
+    import torch.utils.cpp_extension as ext
+
+    from eto_train.model.load import load_model, load_tokenizer
+    from eto_train.rollouts.kvbatch import KVBatch
+
+    tries = []
+    monkeypatch.setattr(native, "_built", {})
+
+    def broken(*a, **kw):
+        tries.append(a[0])
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(ext, "load", broken)
+    assert decode_kernel.load() is None and decode_kernel.load() is None and len(tries) == 1
+    assert attention_kernel.load() is None and len(tries) == 2  # the other source tries once too
+    out = capsys.readouterr().out
+    assert out.count("warning: the C++ kernel decode_attention.cpp could not be built") == 1
+    assert out.count("warning: the C++ kernel causal_attention.cpp could not be built") == 1
+    assert "Ninja is required" in out and "decode steps use torch's flash kernel" in out
+    assert "runtime.cpu_kernels=false skips the build" in out
+    session = KVBatch(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)), 4, 256)
+    assert session.cache.kernel is None and len(tries) == 2
+    off = KVBatch(session.model, session.tok, 4, 256, decode_kernel=False)  # never builds
+    assert off.cache.kernel is None and len(tries) == 2
+
+
+def test_runtime_cpu_kernels_false_builds_nothing(monkeypatch, tiny_model_dir):
+    """setup_runtime(threads, cpu_kernels=False) (runtime.cpu_kernels: false): nothing is built or used; the
+    shipped config has them on, and refuses a value that is not a flag."""
+    from pathlib import Path
+
+    import torch.utils.cpp_extension as ext
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.config import ConfigError, typed
+    from eto_train.model.load import load_model, load_tokenizer
+    from eto_train.rollouts.kvbatch import KVBatch
+    from eto_train.runtime import setup_runtime
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(str(root), version_base="1.3"):
+        assert typed(compose("config")).runtime.cpu_kernels is True
+        bad = compose("config", overrides=["runtime.cpu_kernels=sometimes"])
+    with pytest.raises(ConfigError, match=r"runtime.cpu_kernels"):
+        typed(bad)
+    monkeypatch.setattr(native, "_built", {})
+    monkeypatch.setattr(ext, "load", lambda *a, **kw: pytest.fail("a kernel was built with cpu_kernels off"))
+    threads = torch.get_num_threads()
+    try:
+        setup_runtime(1, cpu_kernels=False)
+        assert not native.enabled() and decode_kernel.load() is None and attention_kernel.load() is None
+        session = KVBatch(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)), 4, 256)
+        assert session.cache.kernel is None
+    finally:
+        native.enable(True)
+        torch.set_num_threads(threads)
