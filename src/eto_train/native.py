@@ -60,9 +60,9 @@ def load(source: Path, fallback: str):
         return None
     with _lock:
         if source not in _built:
-            from torch.utils.cpp_extension import load as build
+            try:  # the builder's own imports too (setuptools and its dependencies: a bare venv may lack one)
+                from torch.utils.cpp_extension import load as build
 
-            try:
                 _built[source] = build(name(source), [str(source)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS)
             except Exception as e:  # noqa: BLE001 - any build failure falls back to torch's kernels
                 reason = " ".join(str(e).split())[:300] or type(e).__name__
