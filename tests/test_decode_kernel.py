@@ -47,3 +47,21 @@ def test_each_row_attends_over_its_own_slot_to_its_own_length(g, d, dtype):
     assert torch.allclose(out.double(), want_out, atol=2e-6) and torch.equal(out[2], torch.zeros_like(out[2]))
     assert torch.allclose(lse[[0, 1, 3]].double(), want_lse[[0, 1, 3]], atol=2e-6)
     assert torch.isinf(lse[2]).all() and (lse[2] < 0).all()
+
+
+def test_a_float16_model_decodes_with_torchs_kernel(tiny_model_dir):
+    """The kernel reads fp32 and bf16 caches; a float16 model's session takes torch's kernel (no kernel in its
+    cache) and answers as HF generate does."""
+    from fixture_settings import generation
+
+    from eto_train.model.load import load_model, load_tokenizer
+    from eto_train.rollouts.loop import Policy
+
+    tok, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir)).half()
+    policy = Policy(model, tok, generation(max_new_tokens=4))
+    session = policy.session()
+    assert session.cache.kernel is None
+    convs = [[{"role": "user", "content": f"Task: reach room {i}"}] for i in range(3)]
+    for _ in convs:
+        session.add_row()
+    assert [r[0] for r in session.step(convs)] == [r[0] for r in policy.generate(convs)]

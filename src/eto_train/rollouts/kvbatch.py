@@ -89,7 +89,7 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
     m = cache.shared if cache is not None else 0
     grouped = query.reshape(b, kv_heads, g, d)
     scale = scaling if scaling is not None else d ** -0.5
-    if cache is not None and cache.fed is not None and cache.kernel is not None and key.dtype in KERNEL_DTYPES:
+    if cache is not None and cache.fed is not None and cache.kernel is not None:
         # rows fed by slot, in the C++ kernel: each reads its own slot to its own length, all in one call
         out, lse = cache.kernel.decode_attention(grouped, key, value, cache.fed_index, cache.fed_ends, m, scale)
     elif cache is not None and cache.fed is not None:  # rows fed by slot: each reads its own slot to its length
@@ -350,8 +350,9 @@ class KVBatch:
         self._decode_attention = getattr(model.config, "model_type", None) in PLAIN_ATTENTION
         if self._decode_attention:
             _register_attention()
-            if decode_kernel and self.device.type == "cpu":  # None where runtime.cpu_kernels is off
-                self.cache.kernel = load_decode_kernel()
+            dtype = next(model.parameters()).dtype  # the cache's (fp16 on a CPU: torch's kernel)
+            if decode_kernel and self.device.type == "cpu" and dtype in KERNEL_DTYPES:
+                self.cache.kernel = load_decode_kernel()  # None where runtime.cpu_kernels is off
         self.shared_ids: list[int] | None = None  # the play's shared prefix (its first stored prompt)
         self.shares: list[int] = []  # slot -> positions it holds from the shared prefix
 
