@@ -24,6 +24,9 @@ def test_the_build_name_changes_with_the_source_the_flags_the_torch_install_and_
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-DX"])
     assert native.name(src) != first
     monkeypatch.undo()
+    monkeypatch.setattr(native, "HEADER", decode_kernel.SOURCE)  # another header's text
+    assert native.name(src) != first
+    monkeypatch.undo()
     monkeypatch.setattr(torch, "__file__", "/another/venv/torch/__init__.py")
     assert native.name(src) != first
 

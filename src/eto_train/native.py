@@ -3,11 +3,11 @@
 Two sources, each beside the code that calls it: ``rollouts/decode_attention.cpp`` (the KV engine's decode
 step) and ``training/causal_attention.cpp`` (bf16 training's attention). :func:`load` compiles one with torch's
 own extension builder (``torch.utils.cpp_extension``: ninja and the system's C++ compiler) for this machine's CPU
-(``-march=native``: AVX-512 where it has it), once per machine: the build (~20 s) is kept in torch's extension
-folder (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``) under a name that carries a hash of
-the source, the flags, torch's version and install (each venv its own build: one venv's build command would
-otherwise rebuild the other's), and the CPU's model and flags, so a change of any of them builds anew and none
-reuses another's. Where one cannot be built (no compiler, no ninja) the caller says what it falls back to, once,
+(``-march=native``: AVX-512 where it has it; their vector helpers in ``vec16.h``), once per machine: the build
+(~20 s) is kept in torch's extension folder (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``)
+under a name that carries a hash of the source and ``vec16.h``, the flags, torch's version and install (each venv
+its own build: one venv's build command would otherwise rebuild the other's), and the CPU's model and flags, so a
+change of any of them builds anew and none reuses another's. Where one cannot be built (no compiler, no ninja) the caller says what it falls back to, once,
 and goes on with torch's kernels (slower; the same results to rounding). ``runtime.cpu_kernels: false``
 (:func:`enable`, from ``setup_runtime``) never builds them.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+HEADER = Path(__file__).with_name("vec16.h")  # the AVX-512 helpers both sources include
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for over torch's own thread pool
 LDFLAGS = ["-fopenmp"]  # libgomp.so.1: the one torch loaded (same soname), so one runtime and torch's threads
 
@@ -48,7 +49,7 @@ def _cpu() -> str:
 
 
 def name(source: Path) -> str:
-    parts = [source.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, torch.__file__, _cpu()]
+    parts = [source.read_text(), HEADER.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, torch.__file__, _cpu()]
     return f"eto_{source.stem}_{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:12]}"
 
 
@@ -63,7 +64,8 @@ def load(source: Path, fallback: str):
             try:  # the builder's own imports too (setuptools and its dependencies: a bare venv may lack one)
                 from torch.utils.cpp_extension import load as build
 
-                _built[source] = build(name(source), [str(source)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS)
+                _built[source] = build(name(source), [str(source)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+                                       extra_include_paths=[str(HEADER.parent)])
             except Exception as e:  # noqa: BLE001 - any build failure falls back to torch's kernels
                 reason = " ".join(str(e).split())[:300] or type(e).__name__
                 _built[source] = reason
