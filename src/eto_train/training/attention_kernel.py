@@ -75,11 +75,8 @@ def causal_attention(q, k, v, scale=None, dropout_p: float = 0.0, enable_gqa: bo
     """``F.scaled_dot_product_attention(q, k, v, is_causal=True, ...)``, through :class:`KernelAttention` where it
     applies (see the module's docstring)."""
     n = q.shape[2]
-    if (q.device.type != "cpu" or dropout_p or n > MAX_LEN or k.shape[2] != n or q.shape[1] % k.shape[1]
-            or not _bf16(q) or not native.enabled()):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
-                                              enable_gqa=enable_gqa)
-    kernel = load()
+    kernel = (load() if q.device.type == "cpu" and not dropout_p and n <= MAX_LEN and k.shape[2] == n
+              and not q.shape[1] % k.shape[1] and _bf16(q) else None)  # None also where cpu_kernels is off
     if kernel is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
                                               enable_gqa=enable_gqa)
