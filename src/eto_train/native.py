@@ -59,6 +59,9 @@ def load(source: Path, fallback: str):
     retried in this process)."""
     if not _enabled[0]:
         return None
+    got = _built.get(source)  # after the first call, no lock: training asks once per row and layer
+    if got is not None:
+        return None if isinstance(got, str) else got
     with _lock:
         if source not in _built:
             try:  # the builder's own imports too (setuptools and its dependencies: a bare venv may lack one)

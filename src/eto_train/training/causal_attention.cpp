@@ -1,7 +1,7 @@
 // bf16 training's causal attention on the CPU, as bf16 matmuls (torch's, oneDNN's bf16 GEMMs) around two fused
 // row kernels written here: the causal softmax of the scores, in place (forward, and again in the backward: the
 // probabilities are recomputed, not kept, as a flash kernel does), and the softmax's backward, dS = P (dP - D).
-// Called by src/eto_train/training/attention_kernel.py for rows of up to 1,024 tokens.
+// Called by src/eto_train/training/attention_kernel.py for rows up to its MAX_LEN tokens.
 //
 // Written by hand because torch's CPU flash-attention kernel does not use the CPU's bf16 dot products: on this
 // box (AMD EPYC Zen 4, AVX512-BF16, no AMX) it ran a 640-token row's 9 heads at ~100 GFLOP/s in bf16 as in fp32,
