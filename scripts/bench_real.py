@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from eto_train import layout
+from eto_train import layout, memory
 from eto_train.runtime import cores, setup_runtime, to_plain, versions
 
 ROOT = layout.REPO_ROOT
@@ -375,21 +375,27 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     per_step = {"logging_steps": 1, "include_num_input_tokens_seen": "non_padding"}
     bc = {**to_plain(cfg.bc), "max_steps": t.bc_steps, "save_strategy": "no", **per_step,
           "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, **bf16, **t.bc}
+    base, window = memory.open_window_at_base()  # the peak from here, beside the floor it could reach
     trainer = make_trainer(load_model(path), tok, sft_dataset(experts, tok),
                            sft_arguments(BCSection.model_validate(bc), out / "sft", 0))
     score_labelled_only(variant != HEAD_BASELINE)  # after make_trainer, which switches both on
     r, computed, _ = _train(trainer, variant, t.profile, out, f"bc/{tag}", res)
+    ds = trainer.train_dataset  # the floor at the largest micro-batch: the t.batch longest rows
+    longest = sorted(zip(map(len, ds["input_ids"]), map(sum, ds["assistant_masks"])), reverse=True)[: t.batch]
+    bc_memory = _memory(window, trainer, n_params, base, sum(n for n, _ in longest), sum(m for _, m in longest))
     lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
     tokens, seconds = round(statistics.mean(lengths) * t.batch * r.global_step), r.metrics["train_runtime"]
     if t.warmup:
         tokens, seconds = _after_warmup(trainer, t.warmup)
     bc_res = _fraction(tokens, seconds, 6 * n_params, peak, threads, dtype, computed=computed,
-                       steps=r.global_step, losses=_losses(trainer), warmup=t.warmup)
+                       steps=r.global_step, losses=_losses(trainer), warmup=t.warmup, memory=bc_memory)
+    del trainer
     d = {**to_plain(cfg.eto.dpo), "max_steps": t.dpo_steps, "save_strategy": "no", **per_step,
          "per_device_train_batch_size": t.batch, "gradient_accumulation_steps": 1, "precompute_ref_log_probs": True,
          **bf16, **t.dpo}
     d.pop("later", None)
     dataset, args = Dataset.from_list(pairs), dpo_arguments(DPOSection.model_validate(d), out / "dpo", 0)
+    base, window = memory.open_window_at_base()
     t0 = time.perf_counter()
     tr = make_dpo_trainer(load_model(path), None, tok, dataset, args)
     ref_s = time.perf_counter() - t0  # the reference pass (precomputed, once) happens in the trainer's init
@@ -399,15 +405,32 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     score_labelled_only()
     ds = tr.train_dataset  # a pair is two sequences: prompt + chosen, prompt + rejected (real tokens)
     per_pair = [2 * len(p) + len(c) + len(j) for p, c, j in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"])]
+    longest = sorted(zip(per_pair, (len(c) + len(j) for c, j in zip(ds["chosen_ids"], ds["rejected_ids"]))),
+                     reverse=True)[: t.batch]  # two rows a pair; the completions are at most what is labelled
+    dpo_memory = _memory(window, tr, n_params, base, sum(n for n, _ in longest), sum(m for _, m in longest))
     policy_tokens, seconds = round(statistics.mean(per_pair) * t.batch * r.global_step), r.metrics["train_runtime"]
     if t.warmup:  # the logs count both sequences of a pair (prompt + chosen, prompt + rejected), as per_pair does
         policy_tokens, seconds = _after_warmup(tr, t.warmup)
     dpo_res = _fraction(policy_tokens, seconds, 6 * n_params, peak, threads, dtype, computed=computed,
-                        steps=r.global_step, losses=_losses(tr), pairs=len(pairs), warmup=t.warmup)
+                        steps=r.global_step, losses=_losses(tr), pairs=len(pairs), warmup=t.warmup, memory=dpo_memory)
     if not variant:  # (a baseline's reference pass ran as the trainers' does)
         dpo_res["reference_pass"] = _fraction(sum(per_pair), ref_s, 2 * n_params, peak, threads, dtype,
                                               computed=_computed(ref_counts))
     return bc_res, dpo_res
+
+
+def _memory(window: int, trainer, n_params: int, base: float, tokens: int, labelled: int) -> dict:
+    """The training's measured peak resident memory (since ``window`` opened, before the model was loaded)
+    beside the floor it could reach at its largest micro-batch (``tokens``, ``labelled``): weights, gradients,
+    AdamW's state, activations as checkpointed (memory.training_floor), over ``base``, what the process held
+    before the model. A DPO whose reference log-probs were precomputed holds no reference model."""
+    model = trainer.model
+    ref = getattr(trainer, "ref_model", None) is not None
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    floor = memory.training_floor(model.config, n_params, tokens, labelled, trainable=trainable, reference=ref,
+                                  checkpointed=bool(getattr(trainer.args, "gradient_checkpointing", False)),
+                                  base_gb=base)
+    return {**memory.close_window(window), "base_gb": round(base, 3), "floor_gb": floor}
 
 
 def _train(trainer, variant: str, profile: bool, out: Path, name: str, res: dict):
@@ -575,6 +598,13 @@ def training_rows(t, tr) -> None:
                           f"{x['tokens_per_s']:.0f} tok/s, {x['gflops']:.0f} GFLOP/s = {100 * x['fraction_of_peak']:.0f}% "
                           f"of the {d} peak (target >= 40%){_done(x)}; losses "
                           f"{', '.join(f'{v:.3f}' for v in x['losses'])}")
+                if m := x.get("memory"):
+                    f = m["floor_gb"]
+                    t.add_row(f"{k.upper()} {dtype}: peak resident memory / the floor it could reach",
+                              f"{m['peak_rss_gb']:.2f} GB / {f['total']:.2f} GB (before the model {f['base']:.2f}, "
+                              f"weights {f['weights']:.2f}, gradients {f['gradients']:.2f}, AdamW {f['optimizer']:.2f}"
+                              + (f", reference {f['reference']:.2f}" if f["reference"] else "") + ", "
+                              f"activations {f['activations']:.2f}, logits {f['logits']:.2f}; an estimate)")
         for name, w in (tr.get("profile") or {}).items():
             if name.startswith(k + "/"):
                 top = ", ".join(f"{op} {100 * v:.0f}%" for op, v in list(w["top"].items())[:6])

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import tracking
+from . import memory, tracking
 from .distributed import is_main
 from .errors import ConfigError
 from .locks import acquire_lock, cannot_write, release_lock
@@ -301,6 +301,7 @@ class Stage:
         self._locked = False
         self._unwritable: OSError | None = None  # done() looked without the lock: the folder cannot be written
         self._tracked = False  # this stage's wandb run is open (tracking.start in begin)
+        self._memory: int | None = None  # this stage's peak-memory window (memory.open_window), from its lock on
 
     def _input_hashes(self) -> dict[str, str]:
         out = {}
@@ -364,6 +365,8 @@ class Stage:
         ``look`` (done()): a folder that cannot be written at all (read-only mount, no permission)
         has no writer, so it is looked at without the lock; done() raises the lock's error as soon
         as there is work (begin() takes the lock, and fails, the same way)."""
+        if lock and self._memory is None:  # the stage's peak memory counts from here (a cache look takes none)
+            self._memory = memory.open_window()
         if lock and is_main():
             try:
                 acquire_lock(self.dir, self.name)
@@ -469,7 +472,8 @@ class Stage:
             "config_hash": config_hash(self.config), "inputs": self.inputs,
             "input_hashes": getattr(self, "input_hashes", None) or self._input_hashes(),
             "versions": versions(), "threads": _threads(), "seconds": round(time.time() - self.started, 2),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "metrics": metrics or {}, **extra}
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "metrics": metrics or {},
+            "memory": self._close_memory(), **extra}
         if self.outputs:  # done means whole: what the outputs are, re-checked by done()
             manifest[OUTPUT_FILES] = record_outputs(self.work, self.outputs)
         if self.work != self.dir:
@@ -525,8 +529,19 @@ class Stage:
         """Copy this finished stage's outputs ``names`` and manifest to ``cache`` for :meth:`reuse`."""
         copy_outputs(self.dir, Path(cache), names)
 
+    def _close_memory(self) -> dict[str, Any]:
+        """The stage's peak memory (:mod:`eto_train.memory`): this process's resident GB, its children's,
+        and on a GPU the device's; a stage that wrote without taking its lock (``model``) measures its end."""
+        if self._memory is None:
+            self._memory = memory.open_window()
+        out, self._memory = memory.close_window(self._memory), None
+        return out
+
     def release(self) -> None:
         """Drop the stage's lock (idempotent; finish() and an up-to-date done() call it)."""
+        if self._memory is not None:  # a stage that did not finish (or had nothing to do): nothing recorded
+            memory.close_window(self._memory)
+            self._memory = None
         if self._tracked:  # a stage that began and did not finish: its wandb run failed
             tracking.finish(exit_code=1)
             self._tracked = False

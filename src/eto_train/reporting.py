@@ -48,8 +48,9 @@ SKIPPED = ("cache", "diag", NEXT, OLD)
 
 
 def stage_seconds(run: Path, own_seed: int = 0) -> dict[int, dict[str, dict[str, Any]]]:
-    """Per seed, per stage folder (its path inside the seed's folder): the manifest's status and
-    seconds. The run folder is seed ``own_seed``'s (``seeds=`` puts seed k in ``<run>/seed<k>``).
+    """Per seed, per stage folder (its path inside the seed's folder): the manifest's status,
+    seconds and peak memory (GB: the process's resident peak, its children's, the GPU's; None for a
+    stage finished before manifests recorded it). The run folder is seed ``own_seed``'s (``seeds=`` puts seed k in ``<run>/seed<k>``).
     A stage whose manifest repeats one already met (the same stage, config hash and finish time: a
     result reused by content hash, e.g. the exploration every arm shares) is marked ``reused``, so
     a total counts its seconds once; the seed's own stages come before its compare arms."""
@@ -71,13 +72,29 @@ def stage_seconds(run: Path, own_seed: int = 0) -> dict[int, dict[str, dict[str,
             key = (d.get("stage"), d.get("config_hash"), d.get("finished_at"))
             reused = d.get("status") == "done" and key in seen
             seen.add(key)
-            rows[rel] = {"status": d.get("status"), "seconds": d.get("seconds"), "reused": reused}
+            mem = d.get("memory") or {}
+            rows[rel] = {"status": d.get("status"), "seconds": d.get("seconds"), "reused": reused,
+                         "peak_rss_gb": mem.get("peak_rss_gb"), "peak_children_rss_gb": mem.get("peak_children_rss_gb"),
+                         "peak_device_gb": mem.get("peak_device_gb")}
+    return out
+
+
+def memory_cell(r: dict[str, Any]) -> str:
+    """A stage's peak memory as a table cell's tail: `, 2.41 GB` (+ children's, + GPU's), or nothing."""
+    if r.get("peak_rss_gb") is None:
+        return ""
+    out = f", {r['peak_rss_gb']:.2f} GB"
+    if r.get("peak_children_rss_gb"):
+        out += f" + {r['peak_children_rss_gb']:.2f} GB children"
+    if r.get("peak_device_gb") is not None:
+        out += f", GPU {r['peak_device_gb']:.2f} GB"
     return out
 
 
 def stage_seconds_markdown(costs: dict[int, dict[str, dict[str, Any]]]) -> str:
-    """:func:`stage_seconds` as one table: a row per stage folder, a column per seed, and each seed's
-    total (reused stages not counted again, unfinished ones not at all)."""
+    """:func:`stage_seconds` as one table: a row per stage folder, a column per seed (seconds, and the
+    peak resident memory where recorded), and each seed's total (reused stages not counted again,
+    unfinished ones not at all) with the largest peak."""
     seeds = sorted(costs)
     stages = sorted({rel for k in seeds for rel in costs[k]}, key=lambda rel: (rel.startswith("compare"), rel))
 
@@ -86,13 +103,16 @@ def stage_seconds_markdown(costs: dict[int, dict[str, dict[str, Any]]]) -> str:
             return "-"
         if r["status"] != "done":
             return str(r["status"])
-        return f"{r['seconds']:,.0f}" + (" (reused)" if r["reused"] else "")
+        return f"{r['seconds']:,.0f} s{memory_cell(r)}" + (" (reused)" if r["reused"] else "")
 
     lines = ["| stage | " + " | ".join(f"seed {k}" for k in seeds) + " |", "| --- |" + " --- |" * len(seeds)]
     lines += [f"| {rel} | " + " | ".join(cell(costs[k].get(rel)) for k in seeds) + " |" for rel in stages]
     totals = [sum(r["seconds"] or 0 for r in costs[k].values() if r["status"] == "done" and not r["reused"])
               for k in seeds]
-    lines.append("| total, each stage once | " + " | ".join(f"{t:,.0f} s ({t / 3600:.1f} h)" for t in totals) + " |")
+    peaks = [max((r["peak_rss_gb"] for r in costs[k].values() if r.get("peak_rss_gb") is not None), default=None)
+             for k in seeds]
+    lines.append("| total, each stage once (largest peak) | " + " | ".join(
+        f"{t:,.0f} s ({t / 3600:.1f} h)" + ("" if p is None else f", {p:.2f} GB") for t, p in zip(totals, peaks)) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -22,7 +22,7 @@ import yaml
 from ..config import typed
 from ..errors import writable
 from ..evaluation import behaviour, comparison
-from ..reporting import env_failures, fault_accounts, iteration_plot, pct, table_rows
+from ..reporting import env_failures, fault_accounts, iteration_plot, pct, stage_seconds, stage_seconds_markdown, table_rows
 from .. import layout
 from ..runtime import versions
 from ..store import write_atomic, write_json
@@ -69,7 +69,8 @@ def build(cfg) -> dict[str, Any]:
     return {"eto": eto, "compared": cmp_file.exists(), "compare_dpo_steps": cmp.get("dpo_steps", {}), "control_of": cmp.get("control_of", "trajectory"),
             "rollout_cost": cmp.get("rollout_cost", {}), "no_pairs": cmp.get("no_pairs", []),
             "splits": rows, "verdict": verdict, "reading": json.loads(reading.read_text()) if reading.exists() else None,
-            "seeds": json.loads(seeds.read_text()) if seeds.exists() else None, "faults": fault_accounts(runs.run)}
+            "seeds": json.loads(seeds.read_text()) if seeds.exists() else None, "faults": fault_accounts(runs.run),
+            "costs": stage_seconds(Path(runs.run))}
 
 
 def reading_section(rd: dict[str, Any] | None) -> list[str]:
@@ -208,6 +209,12 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
     for f in rep.get("faults", []):
         out.append(f"| {f['stage']} | {f['episodes']} | {'-' if f['injected'] is None else f['injected']} | "
                    f"{f['errors']} | {f['recovered']} | {f['environment_failures']} |")
+    if rep.get("costs"):
+        out += ["", "## What each stage cost", "",
+                "Seconds and peak memory per stage, from the stages' manifests: the process's peak resident memory "
+                "(its child processes', such as a simulator's JVM, after +), on a GPU the device's peak. A stage "
+                "reused by content hash counts once in the total.", "",
+                stage_seconds_markdown(rep["costs"]).rstrip()]
     out += ["", "## Configuration", "", "```yaml", yaml.safe_dump(cfg.plain(), sort_keys=False).strip(), "```", "",
             "## Versions", "", "```json", json.dumps(versions(), indent=1, sort_keys=True), "```", ""]
     return "\n".join(out)
