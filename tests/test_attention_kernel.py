@@ -144,3 +144,21 @@ def test_a_packed_bf16_training_step_matches_sdpas(kernel, tiny_model_dir, monke
     for name, g in their_grads.items():
         scale = g.abs().max().item() or 1.0
         assert (ours_grads[name] - g).abs().max().item() <= 0.05 * scale, name
+
+
+def test_bf16_attention_takes_the_kernel_only_on_a_cpu_with_avx512_bf16(kernel, monkeypatch):
+    """The default per CPU (native.faster): AVX2 flags and AVX-512 without bf16 dot products go to SDPA (equal to
+    its own result), AVX-512 with them to the kernel."""
+    from test_native import AVX2, AVX512, AVX512_BF16, as_cpu
+
+    taken = []
+    real_apply = KernelAttention.apply
+    monkeypatch.setattr(KernelAttention, "apply", lambda *a: taken.append(1) or real_apply(*a))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 20, 8, generator=gen).bfloat16() for h in (6, 2, 2))
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    for flags in (AVX2, AVX512):
+        as_cpu(monkeypatch, flags)
+        assert torch.equal(causal_attention(q, k, v, enable_gqa=True), sdpa) and not taken
+    as_cpu(monkeypatch, AVX512_BF16)
+    assert (causal_attention(q, k, v, enable_gqa=True).float() - sdpa.float()).abs().max() < 0.05 and taken == [1]

@@ -65,3 +65,25 @@ def test_a_float16_model_decodes_with_torchs_kernel(tiny_model_dir):
     for _ in convs:
         session.add_row()
     assert [r[0] for r in session.step(convs)] == [r[0] for r in policy.generate(convs)]
+
+
+def test_the_engine_decodes_with_torchs_kernel_on_avx2_with_the_cpp_one_on_avx512(tiny_model_dir, monkeypatch):
+    """The default per CPU (native.faster): on AVX2 flags a session has no kernel (torch's), on AVX-512 flags the
+    C++ one, and both answer as HF generate does."""
+    from fixture_settings import generation
+    from test_native import AVX2, AVX512, as_cpu
+
+    from eto_train.model.load import load_model, load_tokenizer
+    from eto_train.rollouts.loop import Policy
+
+    policy = Policy(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)), generation(max_new_tokens=4))
+    convs = [[{"role": "user", "content": f"Task: reach room {i}"}] for i in range(3)]
+    answers = []
+    for flags, has_kernel in ((AVX2, False), (AVX512, True)):
+        as_cpu(monkeypatch, flags)
+        session = policy.session()
+        assert (session.cache.kernel is not None) == has_kernel
+        for _ in convs:
+            session.add_row()
+        answers.append([r[0] for r in session.step(convs)])
+    assert answers[0] == answers[1] == [r[0] for r in policy.generate(convs)]

@@ -1,5 +1,6 @@
 """The project's C++ kernels' builder (native.py): one build per source, CPU, flags and torch install; a build that
-fails falls back once, said; runtime.cpu_kernels=false builds nothing."""
+fails falls back once, said; runtime.cpu_kernels=false builds nothing; each kernel is the default only on a CPU whose
+instructions its vector path needs (AVX-512), torch's kernel elsewhere."""
 
 from __future__ import annotations
 
@@ -101,3 +102,72 @@ def test_a_builder_that_cannot_be_imported_falls_back_too(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.cpp_extension", None)  # its import raises ImportError
     assert decode_kernel.load() is None and decode_kernel.load() is None
     assert capsys.readouterr().out.count("warning: the C++ kernel decode_attention.cpp could not be built") == 1
+
+
+# CPU flags as /proc/cpuinfo gives them: this box's AMD EPYC Zen 3 (AVX2 only), an AVX-512 one without bf16 dot
+# products (Intel Skylake-X) and the Zen 4 the kernels were measured on (avx512f, avx512_bf16)
+AVX2 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 fma avx f16c avx2 bmi1 bmi2 adx sha_ni".split())
+AVX512 = AVX2 | {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"}
+AVX512_BF16 = AVX512 | {"avx512_bf16", "avx512_vnni", "avx512vbmi"}
+
+
+def as_cpu(monkeypatch, flags) -> None:
+    """This process as on a CPU with ``flags``, choosing per CPU (not forced, as conftest.py has it)."""
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(native, "_faster", {})
+    monkeypatch.setattr(native, "_forced", [False])
+
+
+def test_a_kernel_is_the_default_only_where_the_build_targets_its_vector_path():
+    """The decode kernel needs avx512f, bf16 training's also avx512_bf16 (its bf16 matmuls); -march=native targets
+    the CPU's flags, -mno-avx512f none of AVX-512's (the AVX2 path on any machine), another -march none."""
+    dec, att = decode_kernel.SOURCE, attention_kernel.SOURCE
+    assert not native.faster(dec, AVX2) and not native.faster(att, AVX2)
+    assert native.faster(dec, AVX512) and not native.faster(att, AVX512)
+    assert native.faster(dec, AVX512_BF16) and native.faster(att, AVX512_BF16)
+    no512 = [*native.CFLAGS, "-mno-avx512f"]
+    assert not native.faster(dec, AVX512_BF16, no512) and not native.faster(att, AVX512_BF16, no512)
+    assert native.faster(dec, AVX512_BF16, [*native.CFLAGS, "-mno-avx512bf16"])
+    assert not native.faster(att, AVX512_BF16, [*native.CFLAGS, "-mno-avx512bf16"])
+    assert not native.faster(dec, AVX512_BF16, ["-O3", "-march=x86-64-v3"])
+    assert native.target(AVX512_BF16, no512) == {f.replace("_", "") for f in AVX2}
+    assert native.faster(dec, native.cpu_flags()) == ("avx512f" in native.cpu_flags())  # this machine's
+
+
+def test_the_default_uses_torchs_kernels_on_avx2_the_cpp_ones_on_avx512_and_never_when_off(monkeypatch,
+                                                                                            tiny_model_dir):
+    """Through load(), as the engine and the trainers ask: on AVX2 flags nothing is built and the KV engine's
+    session decodes with torch's kernel; on AVX-512 flags each kernel whose needs the CPU has is built and used;
+    runtime.cpu_kernels=false never; the stage manifests' versions say which ran."""
+    import torch.utils.cpp_extension as ext
+
+    from eto_train.model.load import load_model, load_tokenizer
+    from eto_train.rollouts.kvbatch import KVBatch
+    from eto_train.runtime import versions
+
+    built = []
+    monkeypatch.setattr(native, "_built", {})
+    monkeypatch.setattr(ext, "load", lambda name, *a, **kw: built.append(name) or object())
+    as_cpu(monkeypatch, AVX2)
+    assert decode_kernel.load() is None and attention_kernel.load() is None and not built
+    model, tok = load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    assert KVBatch(model, tok, 4, 256).cache.kernel is None and not built
+    assert versions()["cpu_kernels"] == ("decode_attention: torch's (the build targets no avx512f); causal_attention: "
+                                         "torch's (the build targets no avx512f, avx512_bf16)")
+    as_cpu(monkeypatch, AVX512)
+    assert decode_kernel.load() is not None and attention_kernel.load() is None and len(built) == 1
+    assert KVBatch(model, tok, 4, 256).cache.kernel is decode_kernel.load() and len(built) == 1
+    assert "causal_attention: torch's (the build targets no avx512_bf16)" in native.choices()
+    as_cpu(monkeypatch, AVX512_BF16)
+    assert attention_kernel.load() is not None and len(built) == 2
+    assert native.choices() == "decode_attention: C++; causal_attention: C++"
+    native.enable(False)
+    try:
+        assert decode_kernel.load() is None and attention_kernel.load() is None
+        assert KVBatch(model, tok, 4, 256).cache.kernel is None
+        assert versions()["cpu_kernels"].count("torch's (runtime.cpu_kernels=false)") == 2
+    finally:
+        native.enable(True)
+    as_cpu(monkeypatch, AVX2)
+    native.force(True)  # the bench's side by side: the C++ kernel on any CPU
+    assert decode_kernel.load() is not None and "C++ (forced)" in native.choices()

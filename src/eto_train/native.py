@@ -10,10 +10,17 @@ its own build: one venv's build command would otherwise rebuild the other's), an
 change of any of them builds anew and none reuses another's. Where one cannot be built (no compiler, no ninja) the caller says what it falls back to, once,
 and goes on with torch's kernels (slower; the same results to rounding). ``runtime.cpu_kernels: false``
 (:func:`enable`, from ``setup_runtime``) never builds them.
+
+Used only where they are the faster (:func:`faster`, decided here for every caller): their vector path is AVX-512
+(``vec16.h``); without it they run plain loops, slower than torch's kernels, which torch vectorizes for AVX2 too.
+So ``runtime.cpu_kernels: true`` means "allowed": a kernel is built and used where the build targets what its
+vector path needs (:data:`NEEDS`), torch's kernel otherwise, without building. :func:`force` uses them anyway (the
+bench's side by side, the tests of the kernels themselves).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import platform
 import threading
@@ -25,9 +32,21 @@ HEADER = Path(__file__).with_name("vec16.h")  # the AVX-512 helpers both sources
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for over torch's own thread pool
 LDFLAGS = ["-fopenmp"]  # libgomp.so.1: the one torch loaded (same soname), so one runtime and torch's threads
 
+# What each kernel (by its source's stem) needs of the CPU to be faster than torch's kernel: the instructions of its
+# vector path (and, for bf16 training's, of the bf16 matmuls it runs instead of torch's flash kernel), as
+# /proc/cpuinfo names them. Measured (make bench-real, SmolLM2-135M, 2 threads, 2 cores):
+# - decode step, batch 32, 1,400-token contexts: on an AMD EPYC Zen 4 (avx512f, avx512_bf16) 146.6 ms with the C++
+#   kernel against 185.5 with torch's (fa5b038, 2026-12-05); on an AMD EPYC Zen 3 (AVX2 only: plain loops) 435
+#   against 345 (2026-12-06; docs/bench.md);
+# - bf16 training on the Zen 4: BC 1.44x and DPO 1.37x tokens/s with the C++ kernel; its bf16 matmuls need the
+#   CPU's bf16 dot products (avx512_bf16): on the Zen 3, without them, a bf16 matmul is ~80x slower than fp32.
+NEEDS = {"decode_attention": ("avx512f",), "causal_attention": ("avx512f", "avx512_bf16")}
+
 _lock = threading.Lock()
 _built: dict[Path, object] = {}  # source -> the extension, or the reason it could not be built (a str)
 _enabled = [True]
+_forced = [False]
+_faster: dict[Path, bool] = {}  # source -> faster(source) on this machine, decided once
 
 
 def enable(on: bool) -> None:
@@ -37,6 +56,78 @@ def enable(on: bool) -> None:
 
 def enabled() -> bool:
     return _enabled[0]
+
+
+def force(on: bool) -> bool:
+    """Use the kernels where ``runtime.cpu_kernels`` allows, even where torch's are the faster (:func:`faster`):
+    the bench's side by side and the tests of the kernels; returns the setting before."""
+    before, _forced[0] = _forced[0], bool(on)
+    return before
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's flags as /proc/cpuinfo names them (``avx512f``, ``avx512_bf16``); none where it cannot be read."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+
+
+def _norm(flag: str) -> str:
+    return flag.replace("_", "").lower()  # /proc/cpuinfo's avx512_bf16 is the compiler's -mavx512bf16
+
+
+def target(flags, cflags=None) -> set[str]:
+    """The CPU flags (without underscores: ``avx512bf16``) a build with ``cflags`` (:data:`CFLAGS`) targets on a CPU
+    with ``flags``: ``-march=native`` takes them all (the compiler defines ``__AVX512F__`` exactly where the CPU has
+    avx512f; another ``-march``: none), ``-mX`` adds X and ``-mno-X`` takes it off (``-mno-avx512f`` every AVX-512
+    one, as the compiler does: the kernels then build their plain loops on any machine)."""
+    cflags = CFLAGS if cflags is None else cflags
+    out = {_norm(f) for f in flags} if "-march=native" in cflags else set()
+    for c in cflags:
+        if c.startswith("-mno-"):
+            off = _norm(c[5:])
+            out = {f for f in out if f != off and not (off == "avx512f" and f.startswith("avx512"))}
+        elif c.startswith("-m") and "=" not in c:
+            out.add(_norm(c[2:]))
+    return out
+
+
+def faster(source: Path, flags=None, cflags=None) -> bool:
+    """Whether the kernel built from ``source`` is faster than torch's on a CPU with ``flags`` (this one's by
+    default) built with ``cflags`` (:data:`CFLAGS`): where the build targets every flag of :data:`NEEDS`."""
+    needs = NEEDS.get(Path(source).stem, ("avx512f",))
+    return {_norm(n) for n in needs} <= target(cpu_flags() if flags is None else flags, cflags)
+
+
+def _use(source: Path) -> bool:
+    if not _enabled[0]:
+        return False
+    if _forced[0]:
+        return True
+    got = _faster.get(source)
+    if got is None:
+        got = _faster[source] = faster(source)
+    return got
+
+
+def choices() -> str:
+    """What each kernel's callers run in this process (the stage manifests' ``versions.cpu_kernels``)."""
+    parts = []
+    for stem, needs in NEEDS.items():
+        if not _enabled[0]:
+            what = "torch's (runtime.cpu_kernels=false)"
+        elif _forced[0]:
+            what = "C++ (forced)"
+        elif faster(Path(stem)):
+            what = "C++"
+        else:
+            missing = [n for n in needs if _norm(n) not in target(cpu_flags())]
+            what = f"torch's (the build targets no {', '.join(missing)})"
+        parts.append(f"{stem}: {what}")
+    return "; ".join(parts)
 
 
 def _cpu() -> str:
@@ -54,10 +145,10 @@ def name(source: Path) -> str:
 
 
 def load(source: Path, fallback: str):
-    """The extension built from ``source``, or None: where ``runtime.cpu_kernels`` is off, or where it cannot be
-    built (the first failure printed once, with its reason and ``fallback``, what the caller does instead; not
-    retried in this process)."""
-    if not _enabled[0]:
+    """The extension built from ``source``, or None: where ``runtime.cpu_kernels`` is off, where torch's kernel is
+    the faster on this CPU (:func:`faster`; not built), or where it cannot be built (the first failure printed
+    once, with its reason and ``fallback``, what the caller does instead; not retried in this process)."""
+    if not _use(source):
         return None
     got = _built.get(source)  # after the first call, no lock: training asks once per row and layer
     if got is not None:

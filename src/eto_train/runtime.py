@@ -105,7 +105,11 @@ def setup_runtime(threads: int | str, cpu_kernels: bool = True) -> int:
 
 
 def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    """The packages' versions, and which attention kernels this process runs (``cpu_kernels``: the project's C++
+    ones or torch's, per CPU; :func:`eto_train.native.choices`)."""
+    from . import native
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform(), "cpu_kernels": native.choices()}
     for p in PACKAGES:
         try:
             out[p] = version(p)

@@ -14,5 +14,6 @@ DTYPES = (torch.float32, torch.bfloat16)  # the key/value dtypes it reads
 
 
 def load():
-    """The extension (``decode_attention(q, k, v, slots, lengths, start, scale)``), or None: torch's kernel."""
+    """The extension (``decode_attention(q, k, v, slots, lengths, start, scale)``), or None: torch's kernel (also
+    where it is the faster on this CPU: without AVX-512, :func:`eto_train.native.faster`)."""
     return native.load(SOURCE, "decode steps use torch's flash kernel (slower, the same answers to rounding)")

@@ -7,7 +7,7 @@ attention runs in bf16 (bf16 tensors, or under CPU autocast to bf16, which casts
 :class:`KernelAttention`: the scores and the outputs as bf16 batched matmuls, each key-value head's query heads
 stacked as one matrix (nothing repeated), the causal softmax in C++; the backward recomputes the probabilities
 and runs five more matmuls around the softmax's backward in C++. Anything else (fp32, dropout, longer rows,
-another device, no kernel built) goes to SDPA as before.
+another device, no kernel built, a CPU without avx512f and avx512_bf16: :mod:`eto_train.native`) goes to SDPA.
 
 Measured on SmolLM2-135M's shapes (9 query heads on 3, head size 64), two threads, forward + backward, against
 torch's CPU flash kernel: 400 tokens 2.8 against 8.4 ms, 640 tokens 8.1 against 16.5, 1,024 tokens 18.7 against
@@ -29,7 +29,8 @@ MAX_LEN = 1024  # longer rows go to SDPA's flash kernel (measured above: at 2,04
 
 
 def load():
-    """The extension (``causal_softmax_``, ``causal_softmax_backward_``), or None: SDPA's kernel."""
+    """The extension (``causal_softmax_``, ``causal_softmax_backward_``), or None: SDPA's kernel (also where it is
+    the faster on this CPU: without AVX-512 and bf16 dot products, :func:`eto_train.native.faster`)."""
     return native.load(SOURCE, "bf16 training's attention uses torch's flash kernel (slower, the same to rounding)")
 
 
