@@ -81,3 +81,19 @@ def test_training_floor_by_hand():
                                  reference=True, checkpointed=False)
     assert lora["gradients"] == 0.04 and lora["optimizer"] == 0.08 and lora["reference"] == 4.0
     assert lora["activations"] == round(2 * 1000 * 56 * 4 / 1e9, 3)  # every layer's intermediates kept
+
+
+def test_a_sample_that_fails_does_not_stop_the_sampler(monkeypatch):
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise AttributeError("partially initialized module 'torch' has no attribute 'cuda'")
+
+    wid = memory.open_window()
+    monkeypatch.setattr(memory, "_children_rss", broken)
+    time.sleep(3 * memory.TICK_S)
+    monkeypatch.undo()
+    time.sleep(2 * memory.TICK_S)
+    assert calls and memory._SAMPLER.thread.is_alive()  # it met the error and went on
+    assert memory.close_window(wid)["peak_rss_gb"] > 0

@@ -85,12 +85,12 @@ def _children_rss() -> int:
 def _device() -> tuple[int, int] | None:
     """(peak allocated, peak reserved) bytes on the current GPU since the last reset, then reset;
     None without CUDA or before torch set it up (a CPU run imports nothing for this)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)  # (torch may be half imported by another thread)
     try:
-        out = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
-        torch.cuda.reset_peak_memory_stats()
+        if cuda is None or not cuda.is_available() or not cuda.is_initialized():
+            return None
+        out = (cuda.max_memory_allocated(), cuda.max_memory_reserved())
+        cuda.reset_peak_memory_stats()
         return out
     except Exception:  # noqa: BLE001 - a device in a bad state: the stage's own error says why
         return None
@@ -128,7 +128,10 @@ class _Sampler:
             with self.lock:
                 idle = not self.windows
             if not idle:
-                self.sample()
+                try:
+                    self.sample()
+                except Exception:  # noqa: BLE001 - a failed sample is skipped; the thread must outlive it
+                    pass
             time.sleep(TICK_S)
 
     def open(self) -> int:
