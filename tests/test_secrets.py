@@ -76,6 +76,21 @@ CORPUS = {
     "secret_key_env": ("SECRET_KEY=django-insecure-8x!k2m@q", ["django-insecure-8x!k2m@q"], ["SECRET_KEY="]),
     "basic_auth_url": ("fetch https://admin:s3cretpass@example.com/api", ["s3cretpass"],
                        ["fetch https://admin:", "@example.com/api"]),
+    # issue 53: the three kinds that survived every format; made-up values of each provider's shape
+    "mailgun_bare": ("sent with key-6efbe015b48151b7e6744bac1a842dce via the API",
+                     ["key-6efbe015b48151b7e6744bac1a842dce", "6efbe015b48151b7e6744bac1a842dce"],
+                     ["sent with ", " via the API"]),
+    "mailgun_env": ("MAILGUN_API_KEY=key-6efbe015b48151b7e6744bac1a842dce",
+                    ["6efbe015b48151b7e6744bac1a842dce"], ["MAILGUN_API_KEY="]),
+    "gcp_service_account": ('{"type": "service_account", "project_id": "acme-prod", "private_key_id": '
+                            '"741ef7b742131fca871cd456ab6f7fb5f693d2cc", "client_email": '
+                            '"ci@acme-prod.iam.gserviceaccount.com"}',
+                            ["741ef7b742131fca871cd456ab6f7fb5f693d2cc"], ['"private_key_id": "']),
+    "sendgrid": ("SENDGRID_API_KEY=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",
+                 ["SG.jLqZD6ENEy8_2DwBQrxJ4P", "0mbFkWUHyG8QuxSlhW3c379sZBVgFH1dPcRHkWgeeYe"], ["SENDGRID_API_KEY="]),
+    "sendgrid_one_short": ("mail via SG.QEVHixHgzXAQZa6XLdAI6A.nGOIZdzqsmiWIytnEhNEoSAZcGQ5UysinzOtDw0SVp then",
+                           ["SG.QEVHixHgzXAQZa6XLdAI6A", "QEVHixHgzXAQZa6XLdAI6A", "nGOIZdzqsmiWIytnEhNEoSAZcGQ5Uysin"],
+                           ["mail via ", " then"]),
     "high_entropy": ("the cookie was Zx9Qw2Lp7Rt4Ys1Vb8Nm3Kd6Hg5Jf0Ac", ["Zx9Qw2Lp7Rt4Ys1Vb8Nm3Kd6Hg5Jf0Ac"],
                      ["the cookie was "]),
 }

@@ -1,9 +1,10 @@
-"""Secret redaction for the training export: Yelp's detect-secrets plus the project's named patterns.
+"""Secret redaction for the training export: two maintained rule sets (Yelp's detect-secrets and
+Kingfisher's bundled catalog) plus the project's named patterns.
 
 The raw episode store may hold secrets that a tool output or an environment printed (a token in
 an observation, a key in a shell transcript); nothing that trains on an export should see them.
 :class:`Redactor` replaces just the secret in every string and keeps the text around it, and
-counts what it replaced by kind. Three layers, in this order:
+counts what it replaced by kind. Four layers, in this order:
 
 1. ``export.redact_patterns``, the user's own regexes (each whole match, or its ``(?P<secret>...)``
    group when it has one, becomes the replacement; counted by pattern);
@@ -11,17 +12,30 @@ counts what it replaced by kind. Three layers, in this order:
    for, or finds only in part (below);
 3. detect-secrets' own plugins (:data:`PLUGINS`), run line by line through its ad-hoc
    line-scanning API (``detect_secrets.core.scan.scan_line``, core/scan.py:109), which also
-   applies the library's false-positive filters (templated values, ``${VAR}``, uuids, sequences).
+   applies the library's false-positive filters (templated values, ``${VAR}``, uuids, sequences);
+4. Kingfisher's bundled rule catalog (MongoDB's ``kingfisher-secret-scanner`` 1.5.0, import
+   ``kingfisher_sdk``: 462 Betterleaks rules, the gitleaks successor's, and 26 of Google's Veles
+   (OSV-SCALIBR) rules, compiled in the wheel; scanning never uses the network), run on the whole
+   string after detect-secrets' named plugins and before its high-entropy detector, so that a
+   provider's key is counted under its kind and not as entropy: Mailgun, Atlassian, Databricks,
+   DigitalOcean, Dynatrace, New Relic, Postman, Sentry, Shopify, SonarQube, ... (issue 53).
 
 Where detect-secrets 1.5.0 falls short (read from its plugins in site-packages/detect_secrets/plugins):
 no Hugging Face, Anthropic or GitHub fine-grained (``github_pat_``) plugin; ``OpenAIDetector``
 knows only keys that contain ``T3BlbkFJ``; ``AWSKeyDetector`` and ``KeywordDetector`` want the
 value in quotes; ``GitHubTokenDetector`` reports only the prefix (``ghp``) and ``JwtTokenDetector``
 the token without its signature (both are widened to the whole token, :func:`_widen`);
+``SendGridDetector`` wants a tail of exactly 43 characters (a key one character short kept its
+``SG.<22>.`` id: only the entropy detector took the tail); no Mailgun plugin;
 ``PrivateKeyDetector`` reports the ``BEGIN ... PRIVATE KEY`` line, not the key. The high-entropy
 plugins in ad-hoc scans report every word and leave the limit to the caller
 (plugins/high_entropy_strings.py:56-76): the limit is applied here, to base64 strings only
 (the hex detector would take every sha256 and policy id the project itself writes).
+
+Where Kingfisher 1.5.0's catalog falls short too (issue 53): its Mailgun rules want the word
+``mailgun`` before the key (a bare ``key-`` + 32 hex survived), its SendGrid rules exact lengths,
+and its GCP service-account rule the whole key file (a ``"private_key_id"`` line survived): the
+three named patterns below cover them.
 """
 
 from __future__ import annotations
@@ -63,6 +77,10 @@ PATTERNS: dict[str, str] = {
     # exactly 88 characters after ``AccountKey=`` (a shorter or padded key survived, or its padding did)
     "Azure connection string key": r"(?i)\b(?:AccountKey|SharedAccessKey|SharedAccessSignature)\s*=\s*"
                                    r"(?P<secret>[^;\s\"']{8,})",
+    # issue 53: kinds that both rule sets miss or find only in part (see the module doc)
+    "Mailgun API key": r"\b(?:pub)?key-[0-9a-f]{32}\b",  # Mailgun's private and public keys, bare
+    "SendGrid API key": r"\bSG\.[A-Za-z0-9_-]{16,32}\.[A-Za-z0-9_-]{16,64}",  # id and tail, any close length
+    "GCP service-account key id": r"(?i)[\"']?private_key_id[\"']?\s*[:=]\s*[\"']?(?P<secret>[0-9a-f]{40})\b",
     # ``password = ...``, ``DB_PASSWORD: ...``, ``api_key=...``; the weak words (secret, token, pwd) only
     # inside a name (SECRET_KEY, session_token, db_pwd), not "The secret: ..." of a game's text
     "password assignment": r"(?i)(?<![A-Za-z0-9])(?:[A-Za-z0-9_.-]*(?:password|passwd|passphrase|api[_-]?key"
@@ -107,6 +125,27 @@ def _widen(line: str, start: int, end: int) -> tuple[int, int]:
                                                           and _TOKEN.match(line[end + 1]))):
         end += 1
     return start, end
+
+
+@lru_cache(maxsize=1)
+def _kingfisher() -> Any:
+    """Kingfisher's scanner over its bundled catalog, compiled once a process. Vectorscan keeps the
+    compiled rules in the user's cache folder (``KF_RULE_CACHE_DIR``, else the OS's: about 6 s the
+    first time on the 2-core box, 0.6 s after); Base64 decoding is off (a base64 run is the entropy
+    detector's, and a decoded finding has no span in the text)."""
+    try:
+        from kingfisher_sdk import Rules, Scanner
+    except ImportError as exc:  # a dependency of the package (pyproject.toml)
+        raise ImportError("export.detect_secrets=true needs kingfisher-secret-scanner (pip install -c "
+                          "constraints.txt -e .), or set export.detect_secrets=false") from exc
+    return Scanner(Rules(), base64=False)
+
+
+@lru_cache(maxsize=16384)  # episodes repeat their instructions and observations
+def _kingfisher_scan(text: str) -> tuple[tuple[str, str], ...]:
+    """(rule id, secret) of each finding Kingfisher reports in ``text`` (its helper findings, parts of
+    a multi-part credential it does not report alone, are left out)."""
+    return tuple((f.rule_id, f.secret) for f in _kingfisher().scan(text) if f.visible and f.secret)
 
 
 def _replace_spans(text: str, spans: list[tuple[int, int, str]], replacement: str,
@@ -167,6 +206,7 @@ class Redactor:
                 raise ImportError("export.detect_secrets=true needs detect-secrets (pip install -c constraints.txt "
                                   "-e .), or set export.detect_secrets=false") from exc
 
+            _kingfisher()  # its rules compiled (or read from the cache) before the first string
             self._ctx = transient_settings(self._settings())
             self._ctx.__enter__()
             self._scan.cache_clear()
@@ -224,9 +264,10 @@ class Redactor:
             return s
         spans = [sp for kind, rx in self.named for sp in _pattern_spans(rx, s, kind)]
         s = _replace_spans(s, spans, self.replacement, self.counts)
-        for entropy in (False, True):
-            s = _replace_spans(s, self._library_spans(s, entropy), self.replacement, self.counts)
-        return s
+        s = _replace_spans(s, self._library_spans(s, False), self.replacement, self.counts)
+        s = _replace_spans(s, [(m.start(), m.end(), kind) for kind, value in _kingfisher_scan(s)
+                               for m in re.finditer(re.escape(value), s)], self.replacement, self.counts)
+        return _replace_spans(s, self._library_spans(s, True), self.replacement, self.counts)
 
     def __call__(self, obj: Any) -> Any:
         """Every string in ``obj`` (nested lists and dicts; keys are kept) redacted."""
