@@ -12,7 +12,8 @@ named by the environment variable ``ETO_TRAIN_CONFIGS``. Hydra's job name is the
 (``hydra.job.name=eto_iter`` for ``eto-iter``), so each stage's logs get a folder of their own.
 
 Every stage runs the same way: a Ctrl-C while Hydra starts up or during the job ends with one
-line saying what was kept and exit status 130 (:mod:`eto_train.interrupt`); under ``-m`` each
+line saying what was kept and exit status 130 (:mod:`eto_train.interrupt`); under ``-m`` every job's
+config is composed and validated before the first one runs, and the jobs recorded (:mod:`eto_train.sweeps`); each
 job first gets its own run folder (:func:`eto_train.layout.isolate_sweep_job`); then the config is
 validated and typed once (:func:`eto_train.config.load`), tracking is configured (:func:`eto_train.tracking.configure`, one wandb run per stage) and the stage runs;
 ``eto`` and ``compare`` with ``seeds`` set run once per seed, each in ``<run>/seed<k>/``, then
@@ -135,11 +136,13 @@ def _job(entry: StageEntry, cfg) -> None:
     from . import tracking
     from .config import load
     from .interrupt import interruptible
-    from .layout import isolate_sweep_job
+    from .layout import isolate_sweep_job, own_run
 
     global _cfg
     _cfg = cfg
-    with interruptible(cfg, resume=entry.resume):  # Ctrl-C: one line saying what was kept, exit 130
+    # Ctrl-C: one line saying what was kept, exit 130; a finished stage outside the run's folder (reached through
+    # paths.base) is another run's, not redone in place (manifest.check_owner)
+    with interruptible(cfg, resume=entry.resume), own_run(cfg.paths.run):
         if entry.isolate:
             isolate_sweep_job(cfg)  # under -m: one run folder per job
         config = load(cfg)
@@ -246,6 +249,11 @@ def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
         check_run_folder(cfg)  # run_name inside paths.runs, paths.runs a folder: before any folder is made
         check_device(cfg, name)
         extra = _log_dir_overrides(cfg, job, rest)
+    else:
+        from . import sweeps
+
+        if sweeps.checked(rest):  # -m: every job composed, placed and validated before the first one runs
+            sweeps.check(name, rest, configs_dir())
     # Hydra reads sys.argv: the stage's own arguments, with the job name (the log folder's name)
     # before the first override, so that a hydra.job.name given on the command line still wins
     sys.argv = [sys.argv[0], *with_job_name([*rest, *extra], job)]

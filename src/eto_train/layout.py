@@ -21,7 +21,8 @@ methods here, so no stage spells a folder name of its own. The tree (README's "R
 
 Under a Hydra multirun (:func:`isolate_sweep_job`) every job gets its own ``run`` folder, and
 shares ``base`` (experts, the tiny model, BC and its evaluation, the cache) with the other jobs
-unless it overrides something BC depends on (:data:`BC_DEPENDS_ON`).
+for the stages whose settings it does not vary (:func:`job_paths`, :data:`SHARES_BC`); a record of the sweep's
+jobs (:data:`SWEEP_RECORD`) is written before the first runs (sweeps.py).
 
 The repository's own folders (``configs/``, the shipped ``data/`` and ``models/``) are found from
 :data:`REPO_ROOT`, the one place that knows where the checkout is.
@@ -31,8 +32,10 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 # The checkout this package runs from (an editable install: src/eto_train/ -> the repository).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -134,6 +137,7 @@ READING = "reading"           # <run>/reading/<split>.json
 REPORT = "report"             # the demo's report: <run>/report.json, report.md and ITERATION_PLOT
 ITERATION_PLOT = "success_vs_iteration.png"
 LOGS = "logs"                 # <run>/logs/: every command's log (cli.py)
+SWEEP_RECORD = "sweep.json"   # <run>/sweep.json: a multirun's jobs, written before the first runs (sweeps.py)
 SEEDS = "seeds"               # with `seeds`: <run>/seeds.{json,md}, the seeds aggregated (seeds.py); runs in SEED_RUN
 SEED_RUN = "seed{seed}"       # seed k's own run folder, <run>/seed<k>/ (its own base: experts, model, BC, cache)
 # pretraining (<pretrain>/): tokens/ (TOKENIZER, TRAIN_TOKENS, HELDOUT_TOKENS), then model/ + PROBES, PROGRESS
@@ -146,9 +150,13 @@ PROGRESS = "progress.json"
 LOSS_PLOT = "loss.png"        # inside the pretrained model's folder, with MODEL_CARD
 MODEL_CARD = "MODEL_CARD.md"
 
-# The config sections BC's result depends on: the experts' (env, experts, prompt) and BC's own
-# (its stage config: model, bc, seed, prompt); a sweep job overriding one of them trains its own BC.
-BC_DEPENDS_ON = ("bc", "env", "model", "prompt", "experts", "seed", "paths")
+# Which stage folders of ``paths.base`` a sweep's jobs share (:func:`job_paths`): a job shares experts, the
+# model and BC when every key it varies is in a section none of them reads (:data:`SHARES_BC`), and BC's
+# evaluations too when no varied key is in ``rollout`` or ``eval`` either (:data:`SHARES_BC_EVAL`). Any other key
+# (bc, env, model, prompt, experts, seed, paths, a section added later...) gives the job its own base: a list of
+# what may be shared, so a new section is never shared by mistake. The cache is content-addressed: always shared.
+SHARES_BC_EVAL = ("eto", "compare", "reading", "export", "wandb", "runtime", "hydra")
+SHARES_BC = (*SHARES_BC_EVAL, "rollout", "eval")
 
 
 @dataclass(frozen=True)
@@ -304,29 +312,50 @@ def rebuild_hint(path: str | Path) -> str | None:
 
 # -- sweeps -----------------------------------------------------------------------------------------
 
-def _swept_overrides(hc) -> list[str]:
-    """This job's overrides of the keys the sweep varies (``-m key=a,b``), e.g. ``eto.dpo.beta=0.5``."""
+def swept_keys(overrides: list[str]) -> set[str]:
+    """The keys a command line sweeps (``key=a,b``, ``range(...)``, ``choice(...)``), Hydra's ``hydra.*`` left out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(
-        [a for a in sys.argv[1:] if "=" in a and not a.startswith(("-", "hydra."))])
-    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
-    return sorted(o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") in swept)
+        [a for a in overrides if "=" in a and not a.startswith(("-", "hydra."))])
+    return {o.key_or_group for o in parsed if o.is_sweep_override()}
 
 
-def _changes_bc(override: str) -> bool:
-    key = override.lstrip("+~").split("=", 1)[0]
-    return key.split(".", 1)[0] in BC_DEPENDS_ON
+def job_swept(job_overrides: list[str], swept: set[str]) -> list[str]:
+    """A job's overrides of the swept keys, sorted (``eto.dpo.beta=0.5``): they name its folder."""
+    return sorted(o for o in job_overrides if o.split("=", 1)[0].lstrip("+~") in swept)
+
+
+def job_folder(swept: list[str], num: int) -> str:
+    """A job's run folder's name inside the sweep's: its swept values (Hydra's ``override_dirname``
+    lists the fixed overrides too and soon exceeds a file name's length), else ``job<num>``."""
+    name = ",".join(swept).replace("/", "_")
+    return name if name and len(name) <= 200 else f"job{num}"
+
+
+def _varies(overrides: list[str], shared: tuple[str, ...]) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] not in shared for o in overrides)
+
+
+def job_paths(cfg, swept: list[str], num: int, explicit_base: bool) -> None:
+    """Point ``cfg``'s (a DictConfig, open) paths at the job's: ``paths.run`` is
+    ``<the sweep's run>/<job_folder>``; the base stays the sweep's run folder (experts, the model, BC
+    trained once) unless the job varies a key outside :data:`SHARES_BC` (then the job's own folder, via
+    ``paths.base: ${paths.run}``) or ``paths.base`` is given; BC's evaluations move into the job's folder
+    when it varies ``rollout`` or ``eval`` (how a policy plays: they would be played again over each other)."""
+    shared = cfg.paths.run
+    cfg.paths.run = f"{shared}/{job_folder(swept, num)}"
+    if explicit_base:
+        return
+    if not _varies(swept, SHARES_BC):
+        cfg.paths.base = shared
+        if _varies(swept, SHARES_BC_EVAL) and cfg.paths.bc_eval == f"{shared}/{EVAL}/bc":
+            cfg.paths.bc_eval = f"{cfg.paths.run}/{EVAL}/bc"
 
 
 def isolate_sweep_job(cfg) -> None:
-    """Under a Hydra multirun, give each job its own run folder.
-
-    The job's folder is ``<runs>/<run_name>/<its swept overrides>`` (Hydra's ``override_dirname``
-    lists the fixed overrides too and soon exceeds a file name's length). Experts, the tiny
-    model and BC stay shared in ``<runs>/<run_name>`` (trained once, skipped by the next jobs)
-    unless the sweep varies something BC depends on. A plain run is left untouched.
-    """
+    """Under a Hydra multirun, give each job its own run folder (:func:`job_paths`); a plain run is
+    left untouched."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import open_dict
@@ -334,13 +363,32 @@ def isolate_sweep_job(cfg) -> None:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
     hc = HydraConfig.get()
-    mine = _swept_overrides(hc)
-    name = ",".join(mine).replace("/", "_")
-    if not name or len(name) > 200:
-        name = f"job{hc.job.num}"
-    shared = cfg.paths.run
+    task = list(hc.overrides.task)
     with open_dict(cfg):
-        cfg.paths.run = f"{shared}/{name}"
-        explicit_base = any(o.startswith("paths.base=") for o in hc.overrides.task)
-        if not explicit_base and not any(_changes_bc(o) for o in mine):
-            cfg.paths.base = shared
+        job_paths(cfg, job_swept(task, swept_keys(sys.argv[1:])), hc.job.num,
+                  any(o.lstrip("+~").startswith("paths.base=") for o in task))
+
+
+# -- whose folder: a finished stage of another run is not replaced in place (manifest.check_owner) -----------
+_OWN_RUN: list[Path] = []  # the run folder of this command (cli.py); empty: no check (a script, a test)
+
+
+@contextmanager
+def own_run(folder: str | Path) -> Iterator[None]:
+    """While it lasts, ``folder`` is this command's run folder (``paths.run`` before a sweep job's isolation):
+    stage folders outside it belong to another run (:func:`another_runs`)."""
+    before = list(_OWN_RUN)
+    _OWN_RUN[:] = [Path(folder).absolute()]
+    try:
+        yield
+    finally:
+        _OWN_RUN[:] = before
+
+
+def another_runs(folder: str | Path) -> Path | None:
+    """This command's run folder when ``folder`` lies outside it (another run's, e.g. through
+    ``paths.base``), else None (inside it, or no run claimed)."""
+    if not _OWN_RUN:
+        return None
+    own, path = (Path(os.path.normpath(p)) for p in (_OWN_RUN[0], Path(folder).absolute()))
+    return None if path == own or own in path.parents else own

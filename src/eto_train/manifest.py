@@ -44,7 +44,7 @@ from . import memory, tracking
 from .distributed import is_main
 from .errors import ConfigError
 from .locks import acquire_lock, cannot_write, release_lock
-from .layout import MANIFEST, rebuild_hint
+from .layout import MANIFEST, another_runs, rebuild_hint
 from .records import RecordError
 from .runtime import _threads, config_hash, versions
 from .store import file_sha256, identity_sha256, is_identity_file, umask_modes, write_json
@@ -159,6 +159,32 @@ def check_schema(folder: Path, manifest: dict[str, Any] | None, config: dict[str
         f"config differs from this run's ({shown or 'the config hash'}): bc/eto.dpo keys are TRL's now "
         f"(bc.lr -> bc.learning_rate, bc.epochs -> bc.num_train_epochs, ...), rollout settings moved from eval.* "
         f"to rollout.*. Nothing was changed: use a new run_name or remove {folder}")
+
+
+def check_owner(stage: "Stage", manifest: dict[str, Any] | None) -> None:
+    """A finished stage in another run's folder (outside this command's run folder, e.g. reached through
+    ``paths.base``: layout.another_runs) whose config or inputs differ from this run's is an error naming the
+    stage, the folder and the keys, never redone in place over that run's result."""
+    own = another_runs(stage.dir)
+    if own is None or not manifest or manifest.get("status") != "done" or stage._same(manifest):
+        return
+    old, new = manifest.get("config"), _as_read_back(stage.config)
+
+    def value(c: Any, key: str) -> str:
+        for part in key.split("."):
+            c = c.get(part, "<unset>") if isinstance(c, dict) else "<unset>"
+        return json.dumps(c, default=str) if not isinstance(c, str) else c
+    keys = [f"{k} ({value(old, k)} there, {value(new, k)} here)" for k in changed_keys(old, new)]
+    keys += [f"its input {k!r} (another file)" for k in sorted(set(manifest.get("input_hashes") or {})
+                                                               | set(stage.input_hashes))
+             if (manifest.get("input_hashes") or {}).get(k) != stage.input_hashes.get(k)]
+    shown = "; ".join(keys[:8]) + (f"; ... ({len(keys)} in all)" if len(keys) > 8 else "")
+    raise ConfigError(
+        f"{stage.dir}: stage {manifest.get('stage')!r} finished in another run's folder (outside this run's {own}; "
+        f"paths.base or another path points there) with other settings: {shown or 'the config hash'}. Nothing was "
+        f"changed: redoing it would replace that run's result in place. To keep it, give this run its own folders "
+        f"(a new run_name without paths.base), or set these keys to that run's values; to redo it there, run that "
+        f"run's own command or remove {stage.dir}")
 
 
 def _output_files(p: Path) -> list[Path]:
@@ -381,6 +407,7 @@ class Stage:
             m = _read_manifest(self.manifest_path)  # a damaged one stops the stage here, nothing touched
             if lock:  # (a look at a sweep's cache takes none: an old copy there is just not reused)
                 check_schema(self.dir, m, self.config)
+                check_owner(self, m)  # another run's finished stage is not redone in place
             present = [n for n in self.outputs or [] if (self.dir / n).exists()]
             if m is None and present:  # outputs nobody can vouch for: never deleted, never taken as done
                 raise _damaged(self.manifest_path, f"missing, beside the outputs {', '.join(present)}")
