@@ -193,6 +193,117 @@ def test_an_eval_where_every_episode_is_an_environment_failure_exits_non_zero_sa
     assert len((folder / "episodes.jsonl").read_text().splitlines()) == 3  # the record is kept
 
 
+# -- issue 53, item 1: a play of environment failures is never done, never cached ----------------------
+def _fixed(monkeypatch) -> None:
+    """The environment fixed, with the very same config (env.misbehave=envfail stays in the stage hash)."""
+    from eto_lamps import LampsEnv
+
+    monkeypatch.setattr(misbehaving_env.BadLamps, "step", LampsEnv.step)
+
+
+def test_an_eval_refused_for_environment_failures_plays_them_again_once_the_environment_is_fixed(
+        tmp_path, tiny_model_dir, monkeypatch, capsys):
+    scripted(monkeypatch, "look")
+    args = ("env=badlamps", "env.misbehave=envfail", f"eval.policy={tiny_model_dir}", "eval.splits=[seen]",
+            "rollout.env_retries=0")
+    code, err = cli_run(monkeypatch, capsys, "eval", tmp_path, *args)
+    folder = tmp_path / "runs" / "r" / "eval" / "bc" / "seen"
+    assert code == 2 and "environment_failure: 3" in err and "the stage is not done" in err
+    assert json.loads((folder / "manifest.json").read_text())["status"] == "running"  # never "done"
+    _fixed(monkeypatch)
+    code, err = cli_run(monkeypatch, capsys, "eval", tmp_path, *args)  # the same command, no hand edit
+    assert code == 0, err
+    rows = [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and not any(r["status"] == "environment_failure" for r in rows)
+    assert json.loads((folder / "manifest.json").read_text())["status"] == "done"
+    assert json.loads((folder / "metrics.json").read_text())["overall"]["environment_failures"] == 0
+    assert sorted(p.name for p in folder.iterdir()) == [".identity.json", "episodes.jsonl", "manifest.json",
+                                                         "metrics.json"] or \
+        sorted(p.name for p in folder.iterdir()) == ["episodes.jsonl", "manifest.json", "metrics.json"]
+
+
+def _explore(tmp_path, policy, *overrides):
+    from eto_train.stages.eto import explore
+
+    cfg = compose(tmp_path, "env.misbehave=envfail", "rollout.env_retries=0", "eto.explore.tasks_per_game=2",
+                  *overrides)
+    out = tmp_path / "runs" / "r" / "eto" / "iter1"
+    return explore.run(cfg, 1, str(policy), out)[0], out / "explore", tmp_path / "runs" / "r" / "cache" / "explore"
+
+
+def _cached(cache: Path) -> list[Path]:
+    return [m.parent for m in cache.glob("*/manifest.json")] if cache.exists() else []
+
+
+def test_an_exploration_of_environment_failures_is_not_done_nor_cached_and_explores_again_once_fixed(
+        tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from eto_train.rollouts.play import NothingScored
+
+    scripted(monkeypatch, "look")
+    with pytest.raises(NothingScored) as exc:
+        _explore(tmp_path, tiny_model_dir)
+    msg = str(exc.value)
+    assert msg.startswith("[explore/iter1] every one of its 2 episodes ended as environment_failure")
+    assert "2 of its 2 episodes ended as environment failures (all; environment_failure: 2)" in msg
+    assert "e.g. " in msg and "lamp controller unreachable" in msg
+    folder = tmp_path / "runs" / "r" / "eto" / "iter1" / "explore"
+    assert f"kept in {folder / 'episodes.jsonl'}" in msg
+    assert _cached(tmp_path / "runs" / "r" / "cache" / "explore") == []  # nothing published
+    _fixed(monkeypatch)
+    episodes, folder, cache = _explore(tmp_path, tiny_model_dir)  # the same command explores again
+    assert "playing those again" in capsys.readouterr().out
+    assert len(episodes) == 2 and not any(e.status == "environment_failure" for e in episodes)
+    assert json.loads((folder / "manifest.json").read_text())["status"] == "done" and len(_cached(cache)) == 1
+
+
+@pytest.mark.parametrize("share, refused", [(0.5, False), (0.25, True)])
+def test_more_environment_failures_than_the_share_is_refused(tmp_path, tiny_model_dir, monkeypatch, share, refused):
+    from eto_lamps import LampsEnv
+
+    from eto_train.envs import EnvironmentFailure
+    from eto_train.rollouts.play import EnvironmentFailures
+
+    def step(self, action):  # one task of two: the environment fails there
+        if self.target == 1:
+            raise EnvironmentFailure("lamp 1 controller unreachable")
+        return LampsEnv.step(self, action)
+
+    scripted(monkeypatch, "look")
+    monkeypatch.setattr(misbehaving_env.BadLamps, "step", step)
+    over = f"rollout.max_env_failure_share={share}"
+    if not refused:
+        episodes, _, cache = _explore(tmp_path, tiny_model_dir, over)
+        assert sum(e.status == "environment_failure" for e in episodes) == 1 and len(_cached(cache)) == 1
+        return
+    with pytest.raises(EnvironmentFailures, match=r"1 of its 2 episodes ended as environment failures \(more than "
+                                                   r"rollout.max_env_failure_share=0.25 of them; environment_failure: "
+                                                   r"1\); e.g. .*lamp 1 controller unreachable"):
+        _explore(tmp_path, tiny_model_dir, over)
+
+
+def test_an_exploration_an_older_version_finished_on_environment_failures_is_redone(
+        tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """What an older version left: a "done" exploration of environment failures, in the run and in the
+    cache. Neither is reused: the stage explores again, saying why."""
+    from eto_train.rollouts import play
+
+    scripted(monkeypatch, "look")
+    real = play.refuse_failures
+    monkeypatch.setattr(play, "refuse_failures", lambda *a, **k: None)  # the older version: no such check
+    episodes, folder, cache = _explore(tmp_path, tiny_model_dir)
+    assert all(e.status == "environment_failure" for e in episodes) and len(_cached(cache)) == 1
+    monkeypatch.setattr(play, "refuse_failures", real)
+    _fixed(monkeypatch)
+    capsys.readouterr()
+    episodes, folder, cache = _explore(tmp_path, tiny_model_dir)
+    out = capsys.readouterr().out
+    assert f"[explore/iter1] finished in {folder}, but 2 of its 2 episodes ended as environment failures (all" in out
+    assert "doing it again" in out and "up to date" not in out
+    assert "not reused" in out and "reusing" not in out  # the cache's copy neither
+    assert len(episodes) == 2 and not any(e.status == "environment_failure" for e in episodes)
+    assert len(_cached(cache)) == 1 and '"environment_failures": 0' in (_cached(cache)[0] / "manifest.json").read_text()
+
+
 # -- 3. experts that lose are named at the experts stage ----------------------------------------------
 def test_gold_paths_that_lose_are_named_and_on_lost_error_makes_it_an_error(tmp_path, capsys):
     from eto_train.stages import bc, experts

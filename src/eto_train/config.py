@@ -463,6 +463,10 @@ class RolloutSection(Section):
     overlap_env: Flag
     data_parallel: Flag
     env_retries: Int(ge=0)
+    # a rollout stage (eval, explore) whose episodes are all environment failures, or more than this share of
+    # them, is not done, not shared through the cache; the same command plays them again (rollouts/play.py)
+    max_env_failure_share: Num(ge=0, le=1, when=" (the share of a stage's episodes that may end as "
+                               "environment failures)")
     generation: Part(Generation, "{max_new_tokens, do_sample, temperature, top_p}")
 
     def merged(self, overrides: "Section | None") -> "RolloutSection":

@@ -315,7 +315,10 @@ class Stage:
 
     def __init__(self, name: str, out_dir: str | os.PathLike, config: dict[str, Any],
                  inputs: dict[str, str | os.PathLike] | None = None, outputs: list[str] | None = None,
-                 environment: dict[str, str] | None = None):
+                 environment: dict[str, str] | None = None, refuse=None):
+        # refuse(manifest, folder): why a finished result does not count as done (e.g. a rollout stage whose
+        # episodes are environment failures, rollouts/play.py), or None; done() and reuse() then redo it
+        self.refuse = refuse
         if environment is not None:
             config = {**config, ENVIRONMENT: environment}
         self.name, self.dir, self.config, self.environment = name, Path(out_dir), config, environment
@@ -444,6 +447,11 @@ class Stage:
             print(f"[{self.name}] finished in {self.dir}, but its outputs are not what it wrote: "
                   + "; ".join(self.damage) + ". Redoing it (aside; the files stay until the new result is whole)")
             same = False
+        why = self.refuse(old, self.dir) if same and self.refuse is not None else None
+        if why:
+            print(f"[{self.name}] finished in {self.dir}, but {why}: "
+                  + ("doing it again (aside; the files stay until the new result is whole)" if lock else "not reused"))
+            same = False
         if self._unwritable is not None:  # work to do in a folder that cannot be written: the lock's error
             exc, self._unwritable = self._unwritable, None
             if not same:
@@ -543,7 +551,7 @@ class Stage:
         content: e.g. another job of a sweep trained it), make it this stage's result
         (:meth:`adopt`) and return True. Call after :meth:`done` said there is work."""
         try:
-            if not Stage(self.name, cache, self.config, self.inputs).done(lock=False):
+            if not Stage(self.name, cache, self.config, self.inputs, refuse=self.refuse).done(lock=False):
                 return False
         except DamagedManifest as exc:  # a damaged copy in the cache is not reused: this stage does the work
             print(f"[{self.name}] not reusing the cache: {exc}")

@@ -44,7 +44,7 @@ from ..layout import PLAN, SHARDS  # data-parallel bookkeeping under the stage's
 from ..manifest import NEXT, Stage
 from ..model.load import is_local, load_model, load_tokenizer
 from ..prompting import PromptConfig, answer_room_warning
-from ..records import Episode, PolicyRef
+from ..records import NOT_POLICY_FAULT, Episode, PolicyRef
 from ..runtime import config_hash
 from ..store import append_episodes, drop_partial_tail, read_episodes, read_jsonl, write_json, write_jsonl
 from ..training.save import check_finite_weights
@@ -240,7 +240,7 @@ class Rollouts:
                                   "episodes": len(work), **(extra_config or {}),
                                   **({"backend": self.backend} if self.backend != "hf" else {})},
                       inputs={"policy": self.path} if is_local(self.path) else {}, outputs=OUTPUTS,
-                      environment=self.identity())
+                      environment=self.identity(), refuse=self._refused)
         file = out / layout.EPISODES
         if stage.done():
             return read_episodes(file)
@@ -264,8 +264,12 @@ class Rollouts:
             if not resumable:  # start clean
                 file.unlink(missing_ok=True)
                 shutil.rmtree(shards, ignore_errors=True)
+                if (stage.work / REFUSED).exists():  # a refused play's statistics go with its episodes
+                    (stage.work / layout.METRICS).unlink(missing_ok=True)
+                    (stage.work / REFUSED).unlink()
             drop_partial_tail(file)  # a killed writer's half line must not merge with new appends
             folded = fold_shards(file, keys)  # what the ranks of an interrupted data-parallel play recorded
+            replay_refused(name, stage.work, console)  # a play refused for its environment failures: those again
             seen = {e.episode_id for e in read_episodes(file)} if file.exists() else set()
             todo = [w for w, k in zip(work, keys) if k not in seen]
             if seen:
@@ -292,6 +296,8 @@ class Rollouts:
             fold_shards(file, keys, order=True)  # whole: in work-list order, whoever played what
             pos = {k: i for i, k in enumerate(keys)}
             episodes.sort(key=lambda e: pos[e.episode_id])
+            # environment failures over rollout.max_env_failure_share (or all): not done, not cached
+            refuse_failures(name, episodes, stage.work, self.settings.max_env_failure_share, self.ref.id)
             metrics = evaluate(episodes)["overall"]
             if self.env_cfg.get("faults"):
                 metrics["faults"] = faults  # injected by envs.faults while this play ran (every rank)
@@ -307,6 +313,15 @@ class Rollouts:
         if cached is not None:
             stage.publish(cached, [layout.EPISODES])
         return episodes
+
+    def _refused(self, manifest: dict, folder: Path) -> str | None:
+        """Why a finished play (here or in a sweep's cache, e.g. one an older version finished) does not
+        count as done: its episodes are environment failures over rollout.max_env_failure_share, or all."""
+        m = manifest.get("metrics") or {}
+        n, k = m.get("episodes"), (m.get("environment_failures") or 0) + (m.get("other_failures") or 0)
+        if not isinstance(n, int) or not over_share(k, n, self.settings.max_env_failure_share):
+            return None
+        return failure_text(k, n, self.settings.max_env_failure_share, _failed_rows(folder / layout.EPISODES))
 
     def _follow(self, name: str, stage: Stage, work: list[WorkItem], keys: list[str]) -> list[Episode]:
         """A process other than the main one: play its share of the main process's plan (when
@@ -509,6 +524,92 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return obj if isinstance(obj, dict) else {}
+
+
+# -- environment failures: a play whose episodes are all (or too many) is not done -----------------------
+REFUSED = ".environment_failures.json"  # in a stage's work folder: its last play was refused (refuse_failures)
+SHARE_KEY = "rollout.max_env_failure_share"
+
+
+class EnvironmentFailures(RuntimeError):
+    """A rollout stage whose episodes ended as environment (orchestrator, evaluator) failures, all of them
+    or more than ``rollout.max_env_failure_share``: the stage is not done and not shared through a
+    sweep's cache; its episodes are kept, and the same command plays the failed ones again."""
+
+
+class NothingScored(EnvironmentFailures):
+    """Every episode is an environment (or orchestrator) failure: no score of the policy was
+    measured, so the command fails instead of reporting n=0."""
+
+
+def over_share(failures: int, episodes: int, max_share: float) -> bool:
+    """All of a play's episodes are failures, or more than ``max_share`` of them."""
+    return episodes > 0 and failures > 0 and (failures == episodes or failures > max_share * episodes)
+
+
+def _failed_rows(file: Path) -> list[dict]:
+    """The episode rows of ``file`` that ended as environment failures (for a message; [] unreadable)."""
+    try:
+        return [row for _, row in read_jsonl(file, allow_partial_tail=True) if row.get("status") in NOT_POLICY_FAULT]
+    except (OSError, ValueError):
+        return []
+
+
+def failure_text(failures: int, episodes: int, max_share: float, rows: list[dict]) -> str:
+    """``4 of its 4 episodes ended as environment failures (environment_failure: 4; e.g. ...)``."""
+    kinds: dict[str, int] = {}
+    for row in rows:
+        kinds[row["status"]] = kinds.get(row["status"], 0) + 1
+    example = next((row.get("error") or (row.get("env_errors") or [""])[-1] for row in rows
+                    if row.get("error") or row.get("env_errors")), "")
+    share = "all" if failures == episodes else f"more than {SHARE_KEY}={max_share} of them"
+    listed = ", ".join(f"{k}: {v}" for k, v in kinds.items())
+    return (f"{failures} of its {episodes} episodes ended as environment failures ({share}"
+            + (f"; {listed}" if listed else "") + ")" + (f"; e.g. {example[:400]}" if example else ""))
+
+
+def refuse_failures(name: str, episodes: list[Episode], work: Path, max_share: float, policy: str) -> None:
+    """A whole play whose episodes are environment failures over ``max_share`` (or all) is refused:
+    :class:`NothingScored` (all) or :class:`EnvironmentFailures`, before the stage is marked done.
+    The episodes stay in ``work`` (with ``metrics.json``, their statistics) and a marker says the play
+    was refused, so the same command, once the environment is fixed, plays the failed ones again."""
+    failed = [e for e in episodes if e.status in NOT_POLICY_FAULT]
+    if not over_share(len(failed), len(episodes), max_share):
+        (work / REFUSED).unlink(missing_ok=True)
+        return
+    file = work / layout.EPISODES
+    text = failure_text(len(failed), len(episodes), max_share, [e.to_dict() for e in failed])
+    if is_main():
+        write_json(work / layout.METRICS, {**evaluate(episodes), "policy": policy})
+        write_json(work / REFUSED, {"failures": len(failed), "episodes": len(episodes)})
+    if len(failed) == len(episodes):
+        kinds = sorted({e.status for e in failed})
+        raise NothingScored(
+            f"[{name}] every one of its {len(episodes)} episodes ended as {' or '.join(kinds)} (the environment "
+            f"failed every retry, rollout.env_retries), so nothing about the policy was measured: {text}. The "
+            f"episodes are kept in {file}; the stage is not done (nor shared through a cache). Fix the environment "
+            f"(its server, simulator or env.call_timeout_s), then run the same command again: it plays them again")
+    raise EnvironmentFailures(
+        f"[{name}] {text}, over {SHARE_KEY}={max_share}. The episodes are kept in {file}; the stage is not done "
+        f"(nor shared through a cache). Fix the environment (its server, simulator or env.call_timeout_s), then run "
+        f"the same command again: it plays the failed ones again (or raise {SHARE_KEY} to accept them)")
+
+
+def replay_refused(name: str, work: Path, console: Console) -> None:
+    """A resumed play that was refused for its environment failures (:func:`refuse_failures`): its
+    failed episodes are dropped from the record, so they are played again; the others are kept."""
+    marker, file = work / REFUSED, work / layout.EPISODES
+    if not marker.exists():
+        return
+    if file.exists():
+        rows = [row for _, row in read_jsonl(file, allow_partial_tail=True)]
+        kept = [row for row in rows if row.get("status") not in NOT_POLICY_FAULT]
+        if len(kept) < len(rows):
+            console.print(f"[{name}] the last play was refused for its environment failures ({len(rows) - len(kept)} "
+                          f"of {len(rows)} episodes): playing those again")
+            write_jsonl(file, kept)
+    (work / layout.METRICS).unlink(missing_ok=True)  # the refused play's statistics
+    marker.unlink()
 
 
 def check_whole(name: str, keys: list[str], episodes: list[Episode], file: Path) -> None:

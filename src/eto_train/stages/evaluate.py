@@ -18,8 +18,7 @@ from ..model.load import policy_ref
 from ..config import typed
 from ..distributed import is_main
 from ..envs import check_splits
-from ..records import NOT_POLICY_FAULT
-from ..rollouts.play import Rollouts
+from ..rollouts.play import NothingScored, Rollouts  # noqa: F401 - NothingScored: every episode an environment failure
 from ..runtime import setup_runtime
 from ..store import write_json_if_changed
 
@@ -59,26 +58,8 @@ def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) ->
         # whole (temporary file, then rename); not rewritten when unchanged (a finished run may be read-only)
         if is_main():  # one writer per file: the main process (global rank 0)
             write_json_if_changed(out / layout.METRICS, res)
-        check_scored(f"eval/{tag}/{split}", episodes, out)
     rollouts.close()
     return results
-
-
-class NothingScored(RuntimeError):
-    """An evaluation whose every episode is an environment (or orchestrator) failure: no score of
-    the policy was measured, so the command fails instead of reporting n=0."""
-
-
-def check_scored(name: str, episodes, out: Path) -> None:
-    """Raise :class:`NothingScored` when no episode of a finished evaluation can be scored."""
-    if not episodes or any(e.status not in NOT_POLICY_FAULT for e in episodes):
-        return
-    first = next((e.error or (e.env_errors or [""])[-1] for e in episodes if e.error or e.env_errors), "")
-    raise NothingScored(
-        f"[{name}] every one of its {len(episodes)} episodes ended as {episodes[0].status} (the environment failed "
-        f"every retry, rollout.env_retries), so nothing about the policy was measured; the first error: "
-        f"{first[:400] or '(none recorded)'}. The episodes are kept in {out / layout.EPISODES}. Fix the environment "
-        f"(its server, simulator or env.call_timeout_s), then remove {out} and run the same command again")
 
 
 def run(cfg) -> None:
