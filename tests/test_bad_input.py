@@ -250,6 +250,26 @@ def test_checkpoint_folder_without_a_model_is_a_clear_error(tmp_path, small_mode
         load_model(str(ckpt))
 
 
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "config.json"])
+def test_a_damaged_json_file_of_a_checkpoint_names_the_file_line_and_column(tmp_path, small_model, name):
+    """Issue 53 item 5: was a bare JSONDecodeError from AutoTokenizer.from_pretrained, the file unnamed."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(small_model, ckpt)
+    f = ckpt / name
+    whole = f.read_bytes()
+    lines = f.read_text().splitlines()
+    lines[1] = lines[1] + " oops"
+    f.write_text("\n".join(lines) + "\n")
+    before = f.read_bytes()
+    for load in (policy_ref, load_tokenizer, load_model):
+        with pytest.raises(CheckpointError, match=rf"{f}: not valid JSON at line 2 column \d+: "):
+            load(str(ckpt))
+    assert f.read_bytes() == before  # left as it is
+    f.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CheckpointError, match=rf"{f}: not valid JSON at line \d+ column \d+: .* \(cut short\?\)"):
+        policy_ref(str(ckpt))
+
+
 @pytest.mark.parametrize("case", ["garbage", "cut_short"])
 def test_corrupt_checkpoint_is_a_clear_error_and_left_as_is(tmp_path, small_model, case):
     ckpt = tmp_path / "ckpt"

@@ -376,3 +376,53 @@ def test_three_commands_started_together_each_keep_their_own_log_folder(tmp_path
         assert (folder / ".hydra" / "config.yaml").is_file() and (folder / "export.log").is_file()
     assert sorted(outputs) == [0, 1, 2]  # each command's resolved config is kept, in its own folder
     assert all((tmp_path / f"out{i}.jsonl").is_file() for i in range(3))
+
+
+# -- issue 53, items 5-7: a damaged tokenizer.json, a non-ASCII run_name, a YAML alias bomb ------------------
+def test_a_corrupt_tokenizer_json_is_named_with_its_line_and_column_before_anything_runs(tmp_path, tiny_model_dir):
+    import shutil
+
+    bad = tmp_path / "policy"
+    shutil.copytree(tiny_model_dir, bad)
+    lines = (bad / "tokenizer.json").read_text().splitlines()
+    lines[250] = "  }, oops"  # a hand edit gone wrong on line 251
+    (bad / "tokenizer.json").write_text("\n".join(lines) + "\n")
+    proc = _cli("eval", f"paths.runs={tmp_path}/runs", "run_name=r", *TOY, f"eval.policy={bad}")
+    err = _one_block(proc, "eval")
+    assert err.startswith(f"eto-train eval: CheckpointError: {bad / 'tokenizer.json'}: not valid JSON at line 251 "
+                          "column ") and "JSONDecodeError" not in err
+    assert not (tmp_path / "runs").exists()  # no logs/ folder, no eval/ folder
+
+
+def test_a_non_ascii_run_name_runs_and_a_failed_start_under_it_leaves_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    proc = _cli("experts", f"paths.runs={runs}", "run_name='ünï'", *TOY, "env.splits.train.count=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = runs / "ünï"
+    assert (run / "experts" / "train.jsonl").is_file()
+    assert [p.name.endswith("-experts") for p in (run / "logs").iterdir()] == [True]  # its log folder, under it
+    before = _tree(run)
+    err = _one_block(_cli("eval", f"paths.runs={runs}", "run_name='ünï'", *TOY,
+                          f"eval.policy={tmp_path}/no_such_policy"), "eval")
+    assert f"{tmp_path}/no_such_policy" in err and _tree(run) == before  # no new log folder, no eval/
+
+
+ALIAS_BOMB = "# @package _global_\na: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))  # 9^9 values
+
+
+def test_a_yaml_alias_bomb_in_a_config_file_is_named_before_anything_runs(tmp_path):
+    import shutil
+
+    from eto_train.config_files import MAX_EXPANDED_VALUES, expanded_values
+
+    assert expanded_values(ALIAS_BOMB) > MAX_EXPANDED_VALUES
+    assert expanded_values("a: &a {x: 1}\nb: *a\nc: {<<: *a, y: 2}\n") < 100  # a plain anchor is fine
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    (configs / "experiment" / "bomb.yaml").write_text(ALIAS_BOMB)
+    proc = _cli("bc", f"paths.runs={tmp_path}/runs", "experiment=bomb", env={cli.ENV_CONFIGS: str(configs)})
+    err = _one_block(proc, "bc")
+    assert err.startswith(f"eto-train bc: AliasBomb: {configs / 'experiment' / 'bomb.yaml'}: its YAML aliases")
+    assert "alias bomb" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()

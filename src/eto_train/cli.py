@@ -198,13 +198,22 @@ def _log_dir_overrides(cfg, job: str, rest: list[str]) -> list[str]:
     logs = run / LOGS  # as hydra.run.dir in configs/config.yaml
     _fresh[:] = [p for p in (logs, *logs.absolute().parents) if not p.exists()]  # deepest first
     if writable(logs):
-        return [f"hydra.run.dir={_own_log_dir(logs, job)}"]
+        return [f"hydra.run.dir={hydra_quoted(str(_own_log_dir(logs, job)))}"]
     import tempfile
 
     where = Path(tempfile.gettempdir()) / "eto-train-logs" / str(cfg.run_name)
     sys.stderr.write(f"{PROG}: note: {run} is not writable; this command's log folder is under {where}\n")
     _fresh.clear()
-    return [f"hydra.run.dir={_own_log_dir(where, job)}"]
+    return [f"hydra.run.dir={hydra_quoted(str(_own_log_dir(where, job)))}"]
+
+
+def hydra_quoted(value: str) -> str:
+    """``value`` as one quoted string of Hydra's override grammar: any path (a run_name such as
+    ``ünï``, a space, a quote) parses as itself; a backslash is doubled where it precedes a quote."""
+    import re
+
+    inner = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+    return f"'{inner}'"
 
 
 def _own_log_dir(logs: Path, job: str) -> Path:
@@ -242,7 +251,7 @@ def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
     _fresh.clear()
     if _overrides_only(rest):  # compose once first: bad overrides, the device and the log folder
         cfg = _composer(job)(rest)  # before Hydra makes a folder
-        from .device_check import check_device
+        from .device_check import MODEL_STAGES, check_device
 
         from .layout import check_run_folder
 
@@ -251,6 +260,10 @@ def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
         extra = _log_dir_overrides(cfg, job, rest)
     else:
         from . import sweeps
+        if name in MODEL_STAGES:  # a damaged tokenizer.json or config.json of the policy: named before Hydra's run
+            from .model.load import check_json_files
+
+            check_json_files(cfg.eval.policy if name == "eval" else cfg.model.path)
 
         if sweeps.checked(rest):  # -m: every job composed, placed and validated before the first one runs
             sweeps.check(name, rest, configs_dir())
@@ -297,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     from .envs.registry import check_requested, store_plugin_configs
 
     store_plugin_configs(configs_dir())  # env=<plug-in> composes from its adapter's Config (envs/registry.py)
+    from .config_files import check_config_files
     # Hydra re-raises what a job raised (hydra/_internal/utils.py run_and_report) and errors.reporting
     # prints it: one block for a config, input or disk error; the traceback with ETO_TRAIN_TRACEBACK=1
     # (or HYDRA_FULL_ERROR=1, which this sets for Hydra while it runs)
@@ -310,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
             check_requested(overrides)  # env=<a plug-in that does not import>: its import error, not Hydra's
             _hydra_run(entry, name, rest)
     finally:
+            check_config_files(configs_dir(), rest)  # a YAML alias bomb: named, before Hydra reads it (hangs)
         if saved is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:

@@ -103,6 +103,51 @@ def check_checkpoint(path_or_id: str) -> None:
         raise CheckpointError(f"{p}: no *.safetensors weights (only safetensors are loaded)")
     for f in sorted(p.glob("*.safetensors")):
         _check_safetensors(f)
+    check_json_files(p)
+
+
+def check_json_files(path: str | Path) -> None:
+    """The JSON files of a local checkpoint folder (:data:`JSON_FILES`), each parsed whole: a damaged
+    one is a :class:`CheckpointError` naming the file, line and column (a path that is not a folder: nothing)."""
+    p = Path(str(path)).expanduser()
+    if not p.is_dir():
+        return
+    for name in JSON_FILES:
+        if (p / name).is_file():
+            _check_json(p / name)
+
+
+# the JSON files of a checkpoint folder that transformers reads (a damaged one was a bare JSONDecodeError)
+JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "added_tokens.json")
+_JSON_OK: set[tuple[str, int, int]] = set()  # (path, size, mtime) of the files read whole in this process
+
+
+def _check_json(f: Path) -> None:
+    """A clear error for a checkpoint's JSON file that is not valid JSON (damaged, cut short, hand
+    edited): the file, the line and the column, before anything is loaded or written. Each file is
+    parsed once per process while its size and mtime are unchanged."""
+    st = f.stat()
+    key = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _JSON_OK:
+        return
+    data = f.read_bytes()
+    try:
+        text = data.decode("utf-8")
+        json.loads(text)
+    except UnicodeDecodeError as exc:
+        why = f"not valid UTF-8 at byte {exc.start}"
+    except json.JSONDecodeError as exc:
+        cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        why = f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}" + (" (cut short?)" if cut else "")
+    else:
+        _JSON_OK.add(key)
+        return
+    from ..layout import rebuild_hint
+
+    hint = rebuild_hint(f.parent)
+    todo = f"{hint} to rebuild it" if hint else "restore it from where the checkpoint came from"
+    raise CheckpointError(f"{f}: {why}; the checkpoint cannot be loaded. Nothing was run or written: {todo}")
 
 
 def _check_safetensors(f: Path) -> None:
