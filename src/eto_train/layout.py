@@ -155,7 +155,8 @@ MODEL_CARD = "MODEL_CARD.md"
 # evaluations too when no varied key is in ``rollout`` or ``eval`` either (:data:`SHARES_BC_EVAL`). Any other key
 # (bc, env, model, prompt, experts, seed, paths, a section added later...) gives the job its own base: a list of
 # what may be shared, so a new section is never shared by mistake. The cache is content-addressed: always shared.
-SHARES_BC_EVAL = ("eto", "compare", "reading", "export", "wandb", "runtime", "hydra")
+# (run_name: a job of another run_name is in another sweep folder, whose base it shares with its own jobs only)
+SHARES_BC_EVAL = ("eto", "compare", "reading", "export", "wandb", "runtime", "hydra", "run_name")
 SHARES_BC = (*SHARES_BC_EVAL, "rollout", "eval")
 
 
