@@ -257,13 +257,13 @@ def _hydra_run(entry: StageEntry, name: str, rest: list[str]) -> None:
 
         check_run_folder(cfg)  # run_name inside paths.runs, paths.runs a folder: before any folder is made
         check_device(cfg, name)
-        extra = _log_dir_overrides(cfg, job, rest)
-    else:
-        from . import sweeps
         if name in MODEL_STAGES:  # a damaged tokenizer.json or config.json of the policy: named before Hydra's run
             from .model.load import check_json_files
 
             check_json_files(cfg.eval.policy if name == "eval" else cfg.model.path)
+        extra = _log_dir_overrides(cfg, job, rest)
+    else:
+        from . import sweeps
 
         if sweeps.checked(rest):  # -m: every job composed, placed and validated before the first one runs
             sweeps.check(name, rest, configs_dir())
@@ -307,10 +307,10 @@ def main(argv: list[str] | None = None) -> None:
     _command = " ".join([PROG, name, *map(shlex.quote, rest)])
 
     from . import errors
+    from .config_files import check_config_files
     from .envs.registry import check_requested, store_plugin_configs
 
     store_plugin_configs(configs_dir())  # env=<plug-in> composes from its adapter's Config (envs/registry.py)
-    from .config_files import check_config_files
     # Hydra re-raises what a job raised (hydra/_internal/utils.py run_and_report) and errors.reporting
     # prints it: one block for a config, input or disk error; the traceback with ETO_TRAIN_TRACEBACK=1
     # (or HYDRA_FULL_ERROR=1, which this sets for Hydra while it runs)
@@ -321,10 +321,10 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [a for a in rest if "=" in a and not a.startswith("-")]
     try:
         with errors.reporting(name, overrides, compose, running=_running_stage):
+            check_config_files(configs_dir(), rest)  # a YAML alias bomb: named, before Hydra reads it (hangs)
             check_requested(overrides)  # env=<a plug-in that does not import>: its import error, not Hydra's
             _hydra_run(entry, name, rest)
     finally:
-            check_config_files(configs_dir(), rest)  # a YAML alias bomb: named, before Hydra reads it (hangs)
         if saved is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
