@@ -18,12 +18,22 @@ on); if it still does not fit, the newest observation itself is cut at its end a
 alone exceed the context) are tokens cut from the start, as a last resort. Every cut of text
 warns (:class:`ContextTruncationWarning`); dropped exchanges and cuts are counted in the return
 value (and so in each episode's ``truncated_turns``).
+
+Token ids of a conversation (:func:`chat_ids`, and :func:`guard_messages` for the training masks): text
+that is not the template's own (observations, task descriptions, imported trajectories, web pages, a
+model's earlier output, the prompt profile's own turns) never becomes one of the tokenizer's special
+tokens. A message content that contains a special token's string (``<|im_end|>``, ``<|eot_id|>``,
+``<start_of_turn>``, ``</s>``, ...) has each occurrence broken with a zero-width space after its first
+character before the template is rendered (:func:`escape_controls`), so it is tokenized as text and the
+policy never sees a forged turn. Content without such strings is left as it is: its token ids are those
+of the plain rendering.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
+import weakref
 from dataclasses import dataclass
 
 OPENINGS = ("system", "instruction_ok")
@@ -138,8 +148,76 @@ class ContextTruncationWarning(UserWarning):
 MARKER = "\n[... {n} tokens truncated]"
 
 
-def _ids(tok, conv) -> list[int]:
-    text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+# -- message text is never a control token ---------------------------------------------------
+ZERO_WIDTH = "\u200b"  # breaks a special token's string; tokenizes as text in every family's vocabulary
+_CONTROLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (its size, pattern)
+
+
+def _trie_pattern(strings: list[str]) -> str:
+    """One regex of ``strings`` as a trie of alternatives (leftmost-longest match, one branch per
+    character: Mistral's 751 special tokens cost a character test at each position, not 751)."""
+    trie: dict = {}
+    for s in strings:
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict) -> str:
+        alts = [re.escape(ch) + build(node[ch]) for ch in sorted(k for k in node if k)]
+        if not alts:
+            return ""
+        end = "" in node
+        body = alts[0] if len(alts) == 1 and not end else "(?:" + "|".join(alts) + ")"
+        return body + ("?" if end else "")
+
+    return build(trie)
+
+
+def _control_pattern(tok) -> re.Pattern | None:
+    """The strings of the tokenizer's special tokens (its added tokens marked special: the chat
+    template's control tokens, bos/eos, reserved ones) as one pattern; None when it has none.
+    Non-special added tokens (Gemma's newline runs and HTML tags, Qwen's ``<think>``) are ordinary
+    text to the tokenizer and stay so."""
+    size = len(tok) if hasattr(type(tok), "__len__") else None  # a token added since: read them again
+    cached = _CONTROLS.get(tok)
+    if cached is not None and cached[0] == size:
+        return cached[1]
+    added = getattr(tok, "added_tokens_decoder", None)
+    special = ({t.content for t in added.values() if getattr(t, "special", False)} if added is not None
+               else set(getattr(tok, "all_special_tokens", ())))
+    strings = sorted(s for s in special if len(s) > 1 and ZERO_WIDTH not in s)
+    pattern = re.compile(_trie_pattern(strings)) if strings else None
+    _CONTROLS[tok] = (size, pattern)
+    return pattern
+
+
+def escape_controls(tok, text: str) -> str:
+    """``text`` with every occurrence of a special token's string broken by a zero-width space after
+    its first character, so that the tokenizer reads it as text; ``text`` itself when it has none
+    (its token ids unchanged). Repeated until nothing matches (a break may reveal a shorter token)."""
+    pattern = _control_pattern(tok)
+    if pattern is None or not text:
+        return text
+    n = 1
+    while n:
+        text, n = pattern.subn(lambda m: m[0][0] + ZERO_WIDTH + m[0][1:], text)
+    return text
+
+
+def guard_messages(tok, messages: list[dict]) -> list[dict]:
+    """The messages with their contents escaped (:func:`escape_controls`): what every path renders
+    with the chat template, so only the template's own text becomes control tokens."""
+    return [{**m, "content": escape_controls(tok, m["content"])} if isinstance(m.get("content"), str) else m
+            for m in messages]
+
+
+def chat_ids(tok, conv: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``conv`` rendered with the chat template (by default ending on the assistant's
+    header), no message text read as a control token. The rollout prompt of every engine (HF, KV,
+    vLLM) is built here."""
+    text = tok.apply_chat_template(guard_messages(tok, conv), tokenize=False,
+                                   add_generation_prompt=add_generation_prompt)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -149,7 +227,7 @@ def fit_prompt(tok, conv: list[dict[str, str]], budget: int) -> tuple[list[int],
     if budget <= 0:
         raise ValueError(f"no room for a prompt: the context budget is {budget} tokens "
                          "(model.max_context minus the generation's max_new_tokens)")
-    ids = _ids(tok, conv)
+    ids = chat_ids(tok, conv)
     if len(ids) <= budget:
         return ids, 0, 0
     total = len(ids)
@@ -158,17 +236,17 @@ def fit_prompt(tok, conv: list[dict[str, str]], budget: int) -> tuple[list[int],
     while len(ids) > budget and len(conv) > head + 2:  # keep the latest (assistant, user) exchange
         conv = conv[:head] + conv[head + 2:]
         dropped += 1
-        ids = _ids(tok, conv)
+        ids = chat_ids(tok, conv)
     cut = 0
     if len(ids) > budget:
         last = conv[-1]
-        content_ids = tok(last["content"], add_special_tokens=False)["input_ids"]
+        content_ids = tok(escape_controls(tok, last["content"]), add_special_tokens=False)["input_ids"]
         keep = len(content_ids) - (len(ids) - budget)
         while True:
             keep = max(keep, 0)
             n_cut = len(content_ids) - keep
             trial = conv[:-1] + [{**last, "content": tok.decode(content_ids[:keep]) + MARKER.format(n=n_cut)}]
-            trial_ids = _ids(tok, trial)
+            trial_ids = chat_ids(tok, trial)
             if len(trial_ids) <= budget or keep == 0:
                 conv, ids, cut = trial, trial_ids, n_cut
                 break

@@ -48,6 +48,7 @@ import time
 import torch
 
 from ..model import PLAIN_ATTENTION  # their decode steps use decode_attention; any other keeps its own
+from ..prompting import chat_ids  # the prompt's ids: no message text read as a control token
 from .decode_kernel import DTYPES as KERNEL_DTYPES
 from .decode_kernel import load as load_decode_kernel
 
@@ -357,8 +358,7 @@ class KVBatch:
         self.shares: list[int] = []  # slot -> positions it holds from the shared prefix
 
     def _encode(self, conv):
-        ids = self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-        return self.tok(ids, add_special_tokens=False)["input_ids"], 0
+        return chat_ids(self.tok, conv), 0
 
     # -- rows (the buffers are inference tensors: every change to them runs in inference mode) --
     @torch.inference_mode()

@@ -8,7 +8,9 @@ found in that text in order, so an assistant turn's characters are known exactly
 are those that overlap its content, plus what follows up to and including the turn's
 end-of-turn token (Llama-2's " </s>", ChatML's "<|im_end|>", Gemma's "<end_of_turn>"): what the
 model must generate to answer and stop. Role headers, thinking-block scaffolding, the separator
-after the end-of-turn token and every other message count for nothing.
+after the end-of-turn token and every other message count for nothing. Message text that spells a
+control token (``<|im_end|>`` in an observation) is text here too, as in the rollout prompt
+(:func:`eto_train.prompting.guard_messages`).
 
 Written by hand because TRL's ``assistant_only_loss`` needs generation markers that most public
 chat templates (Llama-2, Llama-3, Mistral, Qwen) do not have, and its template patching covers
@@ -18,6 +20,8 @@ only some families.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+
+from ..prompting import guard_messages
 
 
 class TemplateError(ValueError):
@@ -52,8 +56,10 @@ def assistant_token_mask(tok, messages: list[dict[str, str]],
                          stop_ids: set[int] | None = None) -> tuple[list[int], list[int]]:
     """(input ids of the whole conversation, 1 for each assistant token else 0).
 
-    ``stop_ids``: the end-of-turn token ids (default: the tokenizer's eos)."""
+    ``stop_ids``: the end-of-turn token ids (default: the tokenizer's eos). No message text becomes a
+    control token: contents are escaped as the rollout prompt's are (:func:`eto_train.prompting.guard_messages`)."""
     stop = set(stop_ids) if stop_ids else {tok.eos_token_id}
+    messages = guard_messages(tok, messages)
     text = _render(tok, messages)
     spans = content_spans(text, messages)
     if getattr(tok, "is_fast", False):
