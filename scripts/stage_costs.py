@@ -1,4 +1,4 @@
-"""What each stage of a run took, per seed: seconds from the stages' manifests, as a markdown table.
+"""What each stage of a run took, per seed: seconds and peak memory from the stages' manifests, as a markdown table.
 
     python scripts/stage_costs.py runs/real_study          # seed 0 in the run folder, seed k in seed<k>/
     python scripts/stage_costs.py runs/x --own-seed 3      # a run whose own seed is 3

@@ -81,6 +81,9 @@ STAGES: dict[str, StageEntry] = {
                        "bc -> eval -> eto -> compare -> reading -> report.md"),
     "report": StageEntry(lambda cfg: _report(cfg), "rebuild a finished demo's report.md (no training, no rollouts)",
                          resume=False),
+    "results": StageEntry("eto_train.stages.results:run",
+                          "keep a finished seed's (or unit's) results outside the run folder (results.dir), then "
+                          "the seeds' table from that folder alone", resume=False, isolate=False),
     "export": StageEntry("eto_train.stages.export:run",
                          "export episodes as training data, fields dropped / redacted (config: export)",
                          resume=False, isolate=False),

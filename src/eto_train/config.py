@@ -666,6 +666,14 @@ class CompareSection(Section):
         return self
 
 
+class ResultsSection(Section):
+    """eto-train results: a study's results kept outside its run folder (results.py)."""
+    dir: Text(null="off", what="a folder outside the run folder, e.g. docs/results/<study>")
+    unit: Text(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", null="the whole seed, 'all'",
+               what="a unit's name (letters, digits, _ . -), e.g. a")
+    collect: Flag
+
+
 class ReadingSection(Section):
     split: Text()
     policies: Annotated[dict[str, Annotated[str, Field(min_length=1)]], Field(min_length=1),
@@ -866,6 +874,7 @@ class Config(Section):
     prompt: Part(PromptSection, "a prompt profile (configs/prompt)") = Field(default_factory=PromptSection)
     compare: Part(CompareSection, "{arms, variants, control, control_of, splits, bootstrap}")
     reading: Part(ReadingSection, "{split, policies, permutations, alpha}") = None
+    results: Part(ResultsSection, "{dir, unit, collect}") = None
     export: Part(ExportSection, "{inputs, output, format, ...}") = None
 
     @model_validator(mode="after")

@@ -116,6 +116,7 @@ PAIRS_DATASET = "pairs_dataset"  # a data-parallel DPO stage's flattened pairs (
 TRAINING_OUTPUTS = (POLICY, CHECKPOINTS, ADAPTER)  # what a training stage writes (its manifest's outputs)
 TRAINER_STATE = "trainer_state.json"  # transformers' record inside each checkpoint-<step>/
 EPISODES = "episodes.jsonl"   # a rollout's episodes (one record per line)
+GZ = ".gz"                    # a results folder's compressed copies (results.py): episodes.jsonl.gz
 METRICS = "metrics.json"      # an evaluation's metrics beside its episodes
 SHARDS = "shards"             # a data-parallel rollout's bookkeeping in its work folder: plan.json, rank<r>.jsonl
 PLAN = "plan.json"
@@ -139,6 +140,7 @@ ITERATION_PLOT = "success_vs_iteration.png"
 LOGS = "logs"                 # <run>/logs/: every command's log (cli.py)
 SWEEP_RECORD = "sweep.json"   # <run>/sweep.json: a multirun's jobs, written before the first runs (sweeps.py)
 SEEDS = "seeds"               # with `seeds`: <run>/seeds.{json,md}, the seeds aggregated (seeds.py); runs in SEED_RUN
+UNIT = "unit.json"            # a results folder's record of the unit it holds: machine, versions, commit (results.py)
 SEED_RUN = "seed{seed}"       # seed k's own run folder, <run>/seed<k>/ (its own base: experts, model, BC, cache)
 # pretraining (<pretrain>/): tokens/ (TOKENIZER, TRAIN_TOKENS, HELDOUT_TOKENS), then model/ + PROBES, PROGRESS
 TOKENS = "tokens"
@@ -268,7 +270,11 @@ def checkpoints(stage_dir: str | Path) -> Path:
 
 
 def episodes(folder: Path, split: str | None = None) -> Path:
-    return (folder / split if split else folder) / EPISODES
+    """A rollout's episodes file; in a study's results folder (results.py), where only the compressed copy is
+    kept, that copy (``episodes.jsonl.gz``, which store.read_jsonl reads)."""
+    plain = (Path(folder) / split if split else Path(folder)) / EPISODES
+    packed = plain.with_name(EPISODES + GZ)
+    return packed if not plain.exists() and packed.exists() else plain
 
 
 # -- which stage rebuilds a damaged output ---------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -112,23 +113,61 @@ def _read(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+@dataclass
+class Source:
+    """Where one seed's results are read from: its run folder (``layout``), or one unit of it kept in a
+    study's results folder (results.py). ``resolve`` maps a path the run's JSON files record to where the
+    file is now; ``untuned`` is the untuned model's evaluation to pair with this source's BC (None: none);
+    ``required``: a missing compare.json / result.json is an error (a run folder), not a unit that played
+    another part of its seed (a results folder)."""
+    seed: int
+    layout: layout.RunLayout
+    resolve: Callable[[str], Path] = Path
+    untuned: Path | None = None
+    name: str = ""
+    required: bool = True
+
+
 def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) -> dict[str, Any]:
     """``stage``'s per-seed results (each seed's compare.json or eto result.json) and their
     intervals over seeds: ``arms -> arm -> split -> vs_bc | vs_control -> {per_seed, mean, ci95}``."""
+    untuned = _untuned(configs)
+    sources = [Source(k, layout.RunLayout.of(kcfg), untuned=untuned) for k, kcfg in configs.items()]
+    return aggregate_sources(stage, sources, n_boot, seed,
+                             runs={str(k): str(c.paths.run) for k, c in configs.items()})
+
+
+def aggregate_sources(stage: str, sources: list[Source], n_boot: int, seed: int,
+                      runs: dict[str, str] | None = None) -> dict[str, Any]:
+    """:func:`aggregate` over ``sources``: a seed's run folder each, or (a results folder) the units each
+    seed was played in, every arm of a seed in one unit (two units with the same arm of a seed: an error)."""
     # per seed: the arm -> split -> {vs -> (its row as the seed's own result has it, its outcomes)}
     rows: dict[str, dict[str, dict[str, dict[int, tuple[dict, list[float]]]]]] = {}
     extra: dict[str, dict[str, Any]] = {}
+    where: dict[tuple[str, int], str] = {}  # (arm, seed) -> the unit that played it
 
-    def add(arm: str, split: str, vs: str, k: int, row: dict, base: Path, other: Path) -> None:
+    def add(arm: str, split: str, vs: str, src: Source, row: dict, base: Path, other: Path) -> None:
+        k = src.seed
+        if where.setdefault((arm, k), src.name) != src.name:
+            raise ValueError(f"seed {k}: arm {arm!r} was played in two units ({where[arm, k]} and {src.name}): "
+                             f"a seed's arm is played once")
         rows.setdefault(arm, {}).setdefault(split, {}).setdefault(vs, {})[k] = (
             row, paired_diffs(successes(base), successes(other)))
 
-    untuned = _untuned(configs)
-    for k, kcfg in configs.items():
-        runs = layout.RunLayout.of(kcfg)
+    def play_key(name: str, split: str, k: int, unit: str) -> str:
+        """seed k's key in a policy's play table: a second unit's BC (or untuned) of the same seed gets its own"""
+        have = extra.get("play", {}).get(name, {}).get(split, {})
+        return str(k) if str(k) not in have else f"{k} ({unit})"
+
+    for src in sources:
+        k, runs_k = src.seed, src.layout
         if stage == "compare":
-            res = _read(layout.compare_file(runs.compare, ".json"))
-            evals = {n: Path(p) for n, p in res["evaluations"].items()}
+            file = layout.compare_file(runs_k.compare, ".json")
+            if not file.exists() and not src.required:
+                continue
+            res = _read(file)
+            evals = {n: src.resolve(p) for n, p in res["evaluations"].items()}
+            untuned = src.untuned
             if untuned is not None:  # the model before BC, the same episodes for every seed: a row like an arm's
                 evals[UNTUNED] = untuned
                 for split, table in res["splits"].items():
@@ -143,14 +182,14 @@ def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) ->
                 for arm, r in table.items():
                     for vs, against in (("vs_bc", "bc"), ("vs_control", "control")):
                         if vs in r:
-                            add(arm, split, vs, k, r[vs], layout.episodes(evals[against], split),
+                            add(arm, split, vs, src, r[vs], layout.episodes(evals[against], split),
                                 layout.episodes(evals[arm], split))
             for arm, c in (res.get("rollout_cost") or {}).items():
                 extra.setdefault("rollout_cost", {}).setdefault(arm, {})[str(k)] = c
             # what each arm trained on (its pairs, its DPO steps) and how each policy played: success,
             # behaviour rates and the share of tasks it played exactly as BC did
             for arm, n_steps in (res.get("dpo_steps") or {}).items():
-                stats = _read(layout.pairs_stats(runs.compare / arm))
+                stats = _read(layout.pairs_stats(runs_k.compare / arm))
                 extra.setdefault("training", {}).setdefault(arm, {})[str(k)] = {"pairs": stats["pairs"],
                                                                                "dpo_steps": n_steps}
             for split, table in res["splits"].items():
@@ -159,21 +198,28 @@ def aggregate(stage: str, configs: dict[int, Config], n_boot: int, seed: int) ->
                     if name != "bc":
                         play["same_as_bc"] = same_episodes(layout.episodes(evals["bc"], split),
                                                            layout.episodes(evals[name], split))["rate"]
-                    extra.setdefault("play", {}).setdefault(name, {}).setdefault(split, {})[str(k)] = play
+                    by_split = extra.setdefault("play", {}).setdefault(name, {}).setdefault(split, {})
+                    by_split[play_key(name, split, k, src.name)] = play
         else:  # eto: the kept policy (best on dev, or the last one) against BC
-            res = _read(runs.eto_result)
+            if not runs_k.eto_result.exists() and not src.required:
+                continue
+            res = _read(runs_k.eto_result)
             for split, d in res["best_vs_bc"].items():
                 row = {key: v for key, v in d.items() if key != "per_game"}
-                add("eto", split, "vs_bc", k, row, layout.episodes(runs.evaluation("bc"), split),
-                    layout.episodes(Path(res["best_eval"]), split))
+                add("eto", split, "vs_bc", src, row, layout.episodes(runs_k.evaluation("bc"), split),
+                    layout.episodes(src.resolve(res["best_eval"]), split))
             extra.setdefault("best_iteration", {})[str(k)] = res["best_iteration"]
+    seeds = sorted({src.seed for src in sources})
     arms = {arm: {split: {vs: {"per_seed": {str(k): row for k, (row, _) in per.items()},
                                **over_seeds({k: d for k, (_, d) in per.items()}, n_boot, seed)}
                           for vs, per in by_vs.items()}
                   for split, by_vs in by_split.items()}
             for arm, by_split in rows.items()}
-    return {"seeds": list(configs), "runs": {str(k): str(c.paths.run) for k, c in configs.items()},
-            "bootstrap": n_boot, "level": LEVEL, "rule": RULE, "arms": arms, **extra}
+    out = {"seeds": seeds, "runs": runs if runs is not None else {}, "bootstrap": n_boot, "level": LEVEL,
+           "rule": RULE, "arms": arms, **extra}
+    if any(src.name for src in sources):
+        out["units"] = {src.name: src.seed for src in sources}
+    return out
 
 
 def write(run: Path, stage: str, result: dict[str, Any]) -> None:

@@ -174,6 +174,13 @@ def read_jsonl(path: str | os.PathLike, allow_partial_tail: bool = False) -> Ite
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     data = path.read_bytes()
+    if path.suffix == ".gz":  # a study's results folder keeps its episodes compressed (results.py)
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise RecordError(f"{path}: not a whole gzip file ({exc}){_rebuilt_by(path)}") from None
     lines = data.split(b"\n")
     tail_partial = bool(lines) and lines[-1] != b""
     for i, raw in enumerate(lines, start=1):

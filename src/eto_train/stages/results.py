@@ -1,0 +1,53 @@
+"""Stage `results`: a study's results kept outside its run folder, then the seeds' table from them alone.
+
+    eto-train results experiment=real_study seed=0 seeds=null run_name=real_study/s0-a results.unit=a \\
+        results.dir=docs/results/real_study           # after a unit finishes: collect it, aggregate
+    eto-train results results.dir=docs/results/real_study results.collect=false   # a fresh clone: aggregate only
+
+With ``seeds`` each seed's run folder (seeds.py) is collected as ``seed<k>/<results.unit or all>``; without,
+the run folder is seed ``seed``'s unit. What is kept and why: :mod:`eto_train.results`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from .. import layout, results
+from ..config import typed
+from ..errors import ConfigError
+from ..seeds import seed_config
+
+
+def _inside(run: Path, path: Path, key: str) -> str:
+    rel = os.path.relpath(path, run)
+    if rel.startswith(".."):
+        raise ConfigError(f"{key}={path}: outside the run folder {run}; results collects a run folder, so its "
+                          f"{key} has to be inside it (a sweep job shares BC's: collect the base run)")
+    return rel
+
+
+def run(cfg) -> dict:
+    raw, cfg = cfg, typed(cfg)
+    r = cfg.results
+    if r is None or r.dir is None:
+        raise ConfigError("results.dir: null: name the folder that keeps the results (outside runs/, e.g. "
+                          "docs/results/<study>)")
+    folder = Path(r.dir)
+    console = Console(markup=False)
+    if r.collect:
+        unit = r.unit or "all"
+        configs = {k: seed_config(raw, k) for k in cfg.seeds} if cfg.seeds else {cfg.seed: cfg}
+        for k, kcfg in configs.items():
+            runs = layout.RunLayout.of(kcfg)
+            paths = {key: _inside(runs.run, getattr(runs, key), f"paths.{key}") for key in ("bc", "bc_eval", "eto",
+                                                                                           "compare")}
+            dest = folder / layout.SEED_RUN.format(seed=k) / unit
+            how = results.collect(runs.run, dest, k, unit, paths)
+            console.print(f"[results] seed {k}, unit {unit}: {how} ({runs.run} -> {dest})")
+    every = results.aggregate(folder, cfg.compare.bootstrap, cfg.seed)
+    js, md = results.write(folder, every)
+    console.print(f"[results] {', '.join(every)} over {len(results.sources(folder))} unit(s) -> {js}, {md}")
+    return every
