@@ -1,50 +1,55 @@
 #!/usr/bin/env bash
-# ETO on a real chat model across seeds (issue 36): the study of docs/experiments.md ("ETO on a real chat model
-# across seeds: the rule"), configs/experiment/real_study.yaml. Every step skips what is done: rerun to resume.
+# ETO on a real chat model, played in units (issue 52): the rule in docs/experiments.md ("ETO on a real chat model,
+# played in units: the rule (2026-12-06)"), configs/experiment/real_study2.yaml. Run it from a worktree pinned at the
+# rule's commit; every step skips what is done: rerun a unit to resume it on the same machine.
 #
-#   scripts/real_study.sh              everything, one process at a time (one torch thread): the untuned model,
-#                                      seeds 0, 1 and 2, then the aggregate. Not two seeds at once: a real-model
-#                                      DPO reaches 11-19 GB resident, two of them do not fit 24 GiB (the study's
-#                                      play log in docs/experiments.md); the other core can play the 1.7M study
-#   scripts/real_study.sh seed K       seed K's ETO (2 iterations, dev-selected) and its compare arms
-#   scripts/real_study.sh untuned      the model before BC on both test splits (once: greedy play needs no seed)
-#   scripts/real_study.sh aggregate    every seed up to date -> runs/real_study/seeds.{json,md}
-#   scripts/real_study.sh status       each stage's manifest so far: status, seconds (and success on dev only)
+#   scripts/real_study.sh unit K U     seed K's unit U in runs/real_study2/s<K>-<U>, one process at a time, then its
+#                                      results into $RESULTS_REPO/docs/results/real_study2/seed<K>/<U>/, committed
+#                                      there (only that folder). Units:
+#                                        eto      BC; the untuned model; ETO (2 iterations, dev-selected); the
+#                                                 trajectory arm (= ETO's iteration 1) and the SFT control
+#                                        step     BC; the step arm          mixture  BC; the mixture arm
+#                                        value    BC; the step_value arm    anchor   BC; the anchor arm
+#   scripts/real_study.sh aggregate    the table from docs/results/real_study2 alone (no runs/ needed)
+#   scripts/real_study.sh status K U   the unit's stages so far: seconds and peak memory
 #
-# Each seed's machine (CPU model, torch's CPU capability) goes to runs/real_study/machines.txt when it starts: bf16
-# greedy choices can differ between CPUs, and the rule plays a seed on one machine.
+# RESULTS_REPO: the checkout that keeps and commits the results (default: this one; from a pinned worktree, the
+# main checkout, e.g. RESULTS_REPO=/work/main). A unit whose machine is lost mid-play is played again whole.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+RESULTS_REPO=${RESULTS_REPO:-$(pwd)}
+DIR=docs/results/real_study2
 eto-train() { "$PY" -m eto_train.cli "$@"; }
-S=experiment=real_study
-machine() {
-  mkdir -p runs/real_study
-  echo "$(date -u +%FT%TZ) $1: $(lscpu | sed -n 's/^Model name: *//p'), torch $("$PY" -c 'import torch; print(torch.__version__, torch.backends.cpu.get_cpu_capability())'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" >> runs/real_study/machines.txt
-}
 export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-2}   # fewer glibc arenas: less resident memory, no number changes
 set -f
-case "${1-all}" in
-  untuned)   machine untuned
-             eto-train eval $S seeds=null eval.policy='${model.path}' eval.tag=untuned ;;
-  seed)      machine "seed $2"
-             eto-train eto $S "seeds=[$2]"
-             eto-train compare $S "seeds=[$2]" ;;
-  aggregate) eto-train eto $S
-             eto-train compare $S ;;
-  all)       "$0" untuned
-             for k in 0 1 2; do "$0" seed "$k"; done
-             "$0" aggregate ;;
-  status)    "$PY" - <<'PY'
-import json, pathlib
-for m in sorted(pathlib.Path("runs/real_study").rglob("manifest.json"), key=lambda p: p.stat().st_mtime):
-    if "cache" in m.parts or "diag" in m.parts:
-        continue
-    d = json.loads(m.read_text())
-    metrics = m.parent / "metrics.json"
-    ok = json.loads(metrics.read_text())["overall"].get("success_rate") if metrics.exists() and m.parent.name == "dev" else None
-    print(f"{str(m.parent):60} {d.get('status'):8} {d.get('seconds') or '':>8} {'' if ok is None else f'{100 * ok:.1f}%'}")
-PY
-             ;;
-  *)         sed -n '2,16p' "$0"; exit 2 ;;
+unit_args() {  # the unit's run: its own folder, its seed, the arms it plays
+  local k=$1 u=$2 arms
+  case "$u" in
+    eto) arms="compare.variants=[trajectory] compare.control=true compare.control_of=trajectory" ;;
+    step) arms="compare.variants=[step] compare.control=false compare.control_of=step" ;;
+    mixture) arms="compare.variants=[mixture] compare.control=false compare.control_of=mixture" ;;
+    value) arms="compare.variants=[step_value] compare.control=false compare.control_of=step_value" ;;
+    anchor) arms="compare.variants=[anchor] compare.control=false compare.control_of=anchor" ;;
+    *) echo "unknown unit $u: eto, step, mixture, value or anchor" >&2; exit 2 ;;
+  esac
+  echo "experiment=real_study2 seeds=null seed=$k run_name=real_study2/s$k-$u $arms"
+}
+case "${1-}" in
+  unit)   K=$2 U=$3
+          A=$(unit_args "$K" "$U")
+          echo "[real_study] seed $K unit $U on $(lscpu | sed -n 's/^Model name: *//p'), commit $(git rev-parse --short HEAD)"
+          if [ "$U" = eto ]; then
+            eto-train eval $A eval.policy='${model.path}' eval.tag=untuned
+            eto-train eto $A
+          fi
+          eto-train compare $A
+          eto-train results $A results.unit="$U" results.dir="$RESULTS_REPO/$DIR"
+          git -C "$RESULTS_REPO" add "$DIR/seed$K/$U" "$DIR/seeds.json" "$DIR/seeds.md"
+          git -C "$RESULTS_REPO" commit -q -m "real_study2: seed $K unit $U played (results, costs, machine)" -- \
+            "$DIR/seed$K/$U" "$DIR/seeds.json" "$DIR/seeds.md"
+          echo "[real_study] seed $K unit $U: results committed in $RESULTS_REPO" ;;
+  aggregate) eto-train results experiment=real_study2 results.collect=false results.dir="$RESULTS_REPO/$DIR" ;;
+  status) "$PY" scripts/stage_costs.py "runs/real_study2/s$2-$3" ;;
+  *)      sed -n '2,20p' "$0"; exit 2 ;;
 esac

@@ -335,6 +335,30 @@ def test_the_real_model_study_is_its_rule():
     assert cfg.eto.pairs.value_margin == 0.1 and cfg.eto.pairs.mixture_step_fraction == 0.5
 
 
+def test_the_real_model_study_in_units_is_its_rule():
+    """experiment=real_study2 is the rule of docs/experiments.md ("ETO on a real chat model, played in units: the
+    rule (2026-12-06)"): real_study's setting, arms and DPO strength (rule 76994e1), fp32 everywhere, two threads,
+    seeds 0-2, the results kept in docs/results/real_study2; the units are scripts/real_study.sh's."""
+    from eto_train.config import load
+
+    old, cfg = load(compose(["experiment=real_study"])), load(compose(["experiment=real_study2"]))
+    assert cfg.seeds == [0, 1, 2] and cfg.run_name == "real_study2" and cfg.results.dir == "docs/results/real_study2"
+    assert cfg.model.dtype == "float32" and not cfg.bc.bf16 and not cfg.eto.dpo.bf16
+    assert cfg.runtime.train_threads == cfg.runtime.rollout_threads == 2
+    same = ("env", "prompt", "rollout", "eval", "compare")  # (the paths follow run_name)
+    assert json.loads(json.dumps({k: getattr(cfg, k).plain() for k in same}).replace("real_study2", "real_study")) \
+        == {k: getattr(old, k).plain() for k in same}
+    assert cfg.model.plain() == {**old.model.plain(), "dtype": "float32"}
+    assert cfg.bc.plain() == {**old.bc.plain(), "bf16": False}
+    assert cfg.eto.plain() == {**old.eto.plain(), "dpo": {**old.eto.dpo.plain(), "bf16": False}}
+    units = (ROOT / "scripts" / "real_study.sh").read_text()
+    for unit, arms in (("eto", "[trajectory] compare.control=true"), ("step", "[step] compare.control=false"),
+                       ("mixture", "[mixture] compare.control=false"), ("value", "[step_value] compare.control=false"),
+                       ("anchor", "[anchor] compare.control=false")):
+        assert f"{unit}) arms=\"compare.variants={arms}" in units
+    assert sorted(["trajectory", "step", "mixture", "step_value", "anchor"]) == sorted(cfg.compare.variants)
+
+
 SHIPPED = ([[]] + [[f"env={p.stem}"] for p in sorted((ROOT / "configs/env").glob("*.yaml"))]
            + [[f"prompt={p.stem}"] for p in sorted((ROOT / "configs/prompt").glob("*.yaml"))]
            + [[f"experiment={p.stem}", *(["experts.source=<a file>"]
