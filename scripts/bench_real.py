@@ -6,7 +6,7 @@ Instruct (model=smollm2_135m, ``make real-model``) on the CPU, every figure meas
 2. **Decode step** at batch ``decode.batch`` with ``decode.context``-token contexts: today's engine as it is by
    default (the attention kernel native.py picks for this CPU, named in ``default_kernel``), with the C++ kernel
    and with torch's side by side (the default's pick is its own run, the other forced), the engine of commit
-   577f8ab (scripts/baseline_kvbatch.py) and the weights alone (the same batch with a one-token context),
+   577f8ab (scripts/baseline_kvbatch.py; where ``engines`` names it) and the weights alone (the same batch with a one-token context),
    median ms of ``decode.steps`` steps.
 3. **Rollouts** on each of ``envs`` (TextWorldExpress, ScienceWorld): the same ``episodes`` episodes played
    by today's engine, by the 577f8ab engine and by batched HF ``generate`` (the whole conversation every
@@ -75,15 +75,15 @@ def matmul_peak(reps: int = 5) -> dict:
 
 
 # -- 2. one decode step at batch 32 with long contexts --------------------------------------------
-def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 0) -> dict:
+def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 0, baseline: bool = True) -> dict:
     """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, of which
     the first ``shared`` are the play's shared prompt prefix (as in a rollout: instruction and example), as it
     is by default (``engine_ms``: the attention kernel native.py picks for this CPU, ``default_kernel``), and
     with the other kernel (the C++ one forced, or torch's: ``decode_kernel=False``), so that
     ``engine_cpp_kernel_ms`` and ``engine_torch_kernel_ms`` stand side by side (the default's own is
-    ``engine_ms``); the 577f8ab engine likewise, and the weights alone (rows of one token, the default). One
-    row is prefilled and its keys and values copied into the others (the timing does not depend on what the
-    tokens are)."""
+    ``engine_ms``); the 577f8ab engine likewise (with ``baseline``: its prefill pads every row to ``context``,
+    minutes on a busy box), and the weights alone (rows of one token, the default). One row is prefilled and
+    its keys and values copied into the others (the timing does not depend on what the tokens are)."""
     from baseline_kvbatch import KVBatch as Baseline  # scripts/
 
     from eto_train import native
@@ -118,16 +118,19 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
                 s.shares[:batch] = [shared] * batch
             token = [ids[0]] * batch  # every row answering: each step adds a position to each
             out[f"{name}_ms"] = 1e3 * _median_s(lambda: s._decode(token, [True] * batch), steps)
-        old = Baseline(model, tok, steps + 4, context + steps + 4, stop_ids=[-1])
-        for _ in range(batch):
-            old.add_row()
-        old._forward([ids] + [[] for _ in range(batch - 1)])  # row 0 prefilled (the others padded)
-        for layer in old._layers():  # every row holds row 0's cache
-            layer.keys = layer.keys[-1:].expand(batch, -1, -1, -1).contiguous()
-            layer.values = layer.values[-1:].expand(batch, -1, -1, -1).contiguous()
-        old.mask[:] = old.mask[0]
-        old.length = [context] * batch
-        out["engine_577f8ab_ms"] = 1e3 * _median_s(lambda: old._forward([[ids[0]]] * batch), steps)
+            print(f"[bench real] decode step, {name}: {out[f'{name}_ms']:.1f} ms", flush=True)
+    if baseline:
+        with torch.inference_mode():
+            old = Baseline(model, tok, steps + 4, context + steps + 4, stop_ids=[-1])
+            for _ in range(batch):
+                old.add_row()
+            old._forward([ids] + [[] for _ in range(batch - 1)])  # row 0 prefilled (the others padded)
+            for layer in old._layers():  # every row holds row 0's cache
+                layer.keys = layer.keys[-1:].expand(batch, -1, -1, -1).contiguous()
+                layer.values = layer.values[-1:].expand(batch, -1, -1, -1).contiguous()
+            old.mask[:] = old.mask[0]
+            old.length = [context] * batch
+            out["engine_577f8ab_ms"] = 1e3 * _median_s(lambda: old._forward([[ids[0]]] * batch), steps)
     out[f"engine_{'cpp' if cpp_default else 'torch'}_kernel_ms"] = out["engine_ms"]  # the default's pick
     cpp = out["engine_cpp_kernel_ms"]
     out.update(batch=batch, context=context, shared_prefix=shared, steps=steps, threads=torch.get_num_threads(),
@@ -136,7 +139,7 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
                cpp_kernel_vs_weights=cpp / out["weights_only_ms"] if cpp else None,
                torch_kernel_vs_weights=out["engine_torch_kernel_ms"] / out["weights_only_ms"],
                cpp_vs_torch_kernel=cpp / out["engine_torch_kernel_ms"] if cpp else None,
-               baseline_vs_engine=out["engine_577f8ab_ms"] / out["engine_ms"])
+               baseline_vs_engine=out["engine_577f8ab_ms"] / out["engine_ms"] if baseline else None)
     return out
 
 
@@ -557,7 +560,7 @@ def run(cfg) -> dict:
         path = str(_compose([f"model={real.model}"]).model.path)
         d = real.decode
         res["decode_step"] = decode_step(load_model(path, dtype="float32"), load_tokenizer(path), d.batch, d.context,
-                                         d.steps, d.shared)
+                                         d.steps, d.shared, "engine_577f8ab" in real.engines)
         print(f"[bench real] decode step {res['decode_step']}", flush=True)
         keep()
     if "rollouts" in real.parts:
@@ -587,7 +590,7 @@ def rows(t, r) -> None:
                   f"engine (default: {d.get('default_kernel', 'C++ kernel')}) / C++ kernel / torch's kernel / "
                   "weights only / 577f8ab",
                   f"{d['engine_ms']:.0f} / {_ms(d.get('engine_cpp_kernel_ms'))} / {_ms(d.get('engine_torch_kernel_ms'))}"
-                  f" / {d['weights_only_ms']:.0f} / {d['engine_577f8ab_ms']:.0f} ms ({d['engine_vs_weights']:.2f}x the "
+                  f" / {d['weights_only_ms']:.0f} / {_ms(d.get('engine_577f8ab_ms'))} ms ({d['engine_vs_weights']:.2f}x the "
                   "weights; target <= 2x)")
     for env, ro in r.get("rollouts", {}).items():
         for name in ("engine", "engine_577f8ab", "generate"):
