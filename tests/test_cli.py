@@ -13,7 +13,7 @@ import pytest
 from test_pipeline import ROOT, TOY
 
 STAGES = ["experts", "model", "pretrain", "bc", "eval", "eto-iter", "eto", "reading", "compare", "demo", "report",
-          "export"]
+          "results", "export"]
 
 
 def _cli(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -28,9 +28,9 @@ def test_the_stage_table_names_every_stage_and_each_resolves_to_a_function():
     for name, entry in cli.STAGES.items():
         assert callable(entry.function()), name
         assert entry.help and "\n" not in entry.help
-    # report and export start over when rerun; export has no run folder of its own to isolate
-    assert [n for n, e in cli.STAGES.items() if not e.resume] == ["report", "export"]
-    assert [n for n, e in cli.STAGES.items() if not e.isolate] == ["export"]
+    # report, results and export start over when rerun; results and export have no run folder of their own to isolate
+    assert [n for n, e in cli.STAGES.items() if not e.resume] == ["report", "results", "export"]
+    assert [n for n, e in cli.STAGES.items() if not e.isolate] == ["results", "export"]
 
 
 @pytest.mark.parametrize("args", [[], ["-h"], ["--help"]])

@@ -51,7 +51,9 @@ def test_the_aggregate_from_the_results_folder_alone_is_the_run_folder_s(tmp_pat
             assert gzip.decompress(packed.read_bytes()) == (runs / "toy" / "seed1" / policy / split /
                                                             "episodes.jsonl").read_bytes()
     assert "compare/trajectory/pairs/stats.json" in names and "bc/manifest.json" in names
-    assert not any(n.endswith((".safetensors", ".bin")) or "/explore/" in n or n.startswith("cache/") for n in names)
+    assert "compare/trajectory/explore/manifest.json" in names  # its seconds and memory, not its episodes
+    assert not any(n.endswith((".safetensors", ".bin")) or "explore/episodes" in n or n.startswith("cache/")
+                   for n in names)
     saved = json.loads((kept / "seed1" / "all" / "compare" / "compare.json").read_text())
     assert saved["evaluations"]["trajectory"] == "compare/eval/trajectory"
     assert "peak_rss_gb" in json.loads((kept / "seed1" / "all" / "bc" / "manifest.json").read_text())["memory"]
@@ -124,3 +126,18 @@ def test_a_finished_unit_is_never_replaced(tmp_path):
         results.collect(run, kept, 0, "a", paths)
     with pytest.raises(ConfigError, match="no finished compare.json or eto/result.json"):
         results.collect(tmp_path / "empty", tmp_path / "kept" / "seed0" / "b", 0, "b", paths)
+
+
+def test_an_arm_in_another_unit_meets_the_control_through_both_units_bcs(tmp_path):
+    # seed 0: unit a has trajectory and the control, unit b the step arm, each with its own BC
+    a = _unit(tmp_path, 0, "a", _won(0), {"trajectory": _won(0, 2), "control": _won(0, 1)})
+    _unit(tmp_path, 0, "b", _won(0, 1), {"step": _won(1, 2, 3)})
+    comp = json.loads((a / "compare" / "compare.json").read_text())  # the control's unit: its arms vs the control
+    comp["splits"]["seen"]["trajectory"]["vs_control"] = {"diff": 0.0}
+    write_json(a / "compare" / "compare.json", comp)
+    agg = results.aggregate(tmp_path, 500, 0)["compare"]
+    row = agg["arms"]["step"]["seen"]["vs_control"]
+    # step - b's BC: [-1, 0, +1, +1]; control - a's BC: [0, +1, 0, 0]; difference per task [-1, -1, +1, +1]
+    assert row["per_seed"]["0"] == {"diff": 0.0, "tasks": 4, "across_units": "seed0/b against seed0/a"}
+    assert row["mean"] == 0.0 and row["tasks"] == 4
+    assert agg["arms"]["trajectory"]["seen"]["vs_control"]["per_seed"]["0"] == {"diff": 0.0}  # its own unit's row

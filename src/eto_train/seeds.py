@@ -159,6 +159,7 @@ def aggregate_sources(stage: str, sources: list[Source], n_boot: int, seed: int,
         have = extra.get("play", {}).get(name, {}).get(split, {})
         return str(k) if str(k) not in have else f"{k} ({unit})"
 
+    played: dict[int, list[tuple[str, dict[str, dict[str, dict[str, bool]]]]]] = {}  # seed -> [(unit, split -> policy -> task -> won)]
     for src in sources:
         k, runs_k = src.seed, src.layout
         if stage == "compare":
@@ -178,6 +179,9 @@ def aggregate_sources(stage: str, sources: list[Source], n_boot: int, seed: int,
                         table[UNTUNED] = {"success": _mean([float(v) for v in won.values()]),
                                           "vs_bc": {"diff": _mean(diffs)}}
                         res.setdefault("behaviour", {}).setdefault(split, {})[UNTUNED] = behaviour(episodes)
+            played.setdefault(k, []).append((src.name, {
+                split: {n: successes(layout.episodes(evals[n], split)) for n in table if n != UNTUNED}
+                for split, table in res["splits"].items()}))
             for split, table in res["splits"].items():
                 for arm, r in table.items():
                     for vs, against in (("vs_bc", "bc"), ("vs_control", "control")):
@@ -209,6 +213,8 @@ def aggregate_sources(stage: str, sources: list[Source], n_boot: int, seed: int,
                 add("eto", split, "vs_bc", src, row, layout.episodes(runs_k.evaluation("bc"), split),
                     layout.episodes(src.resolve(res["best_eval"]), split))
             extra.setdefault("best_iteration", {})[str(k)] = res["best_iteration"]
+    if stage == "compare":
+        across_units(rows, played)
     seeds = sorted({src.seed for src in sources})
     arms = {arm: {split: {vs: {"per_seed": {str(k): row for k, (row, _) in per.items()},
                                **over_seeds({k: d for k, (_, d) in per.items()}, n_boot, seed)}
@@ -220,6 +226,32 @@ def aggregate_sources(stage: str, sources: list[Source], n_boot: int, seed: int,
     if any(src.name for src in sources):
         out["units"] = {src.name: src.seed for src in sources}
     return out
+
+
+def across_units(rows: dict, played: dict[int, list[tuple[str, dict]]]) -> None:
+    """Arms played in another unit than their seed's control (a seed in units, each with its own BC): against the
+    control through their paired differences to their own units' BCs, per task: (arm - its BC) - (control - its
+    BC), on the tasks all four played (the control's unit's BC and the arm's unit's BC are each a unit's own)."""
+    for k, units in played.items():
+        home = [(name, by_split) for name, by_split in units if any("control" in t for t in by_split.values())]
+        if len(home) != 1:
+            continue
+        ctrl_unit, ctrl = home[0]
+        for name, by_split in units:
+            if name == ctrl_unit:
+                continue
+            for split, table in by_split.items():
+                if split not in ctrl or "control" not in ctrl[split]:
+                    continue
+                c, cb = ctrl[split]["control"], ctrl[split]["bc"]
+                for arm, a in table.items():
+                    if arm in ("bc", "control"):
+                        continue
+                    b = table["bc"]
+                    tasks = sorted(set(a) & set(b) & set(c) & set(cb))
+                    d = [(float(a[t]) - float(b[t])) - (float(c[t]) - float(cb[t])) for t in tasks]
+                    row = {"diff": _mean(d), "tasks": len(tasks), "across_units": f"{name} against {ctrl_unit}"}
+                    rows.setdefault(arm, {}).setdefault(split, {}).setdefault("vs_control", {})[k] = (row, d)
 
 
 def write(run: Path, stage: str, result: dict[str, Any]) -> None:

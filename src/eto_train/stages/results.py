@@ -18,7 +18,6 @@ from rich.console import Console
 from .. import layout, results
 from ..config import typed
 from ..errors import ConfigError
-from ..seeds import seed_config
 
 
 def _inside(run: Path, path: Path, key: str) -> str:
@@ -30,7 +29,7 @@ def _inside(run: Path, path: Path, key: str) -> str:
 
 
 def run(cfg) -> dict:
-    raw, cfg = cfg, typed(cfg)
+    cfg = typed(cfg)
     r = cfg.results
     if r is None or r.dir is None:
         raise ConfigError("results.dir: null: name the folder that keeps the results (outside runs/, e.g. "
@@ -39,14 +38,16 @@ def run(cfg) -> dict:
     console = Console(markup=False)
     if r.collect:
         unit = r.unit or "all"
-        configs = {k: seed_config(raw, k) for k in cfg.seeds} if cfg.seeds else {cfg.seed: cfg}
-        for k, kcfg in configs.items():
-            runs = layout.RunLayout.of(kcfg)
-            paths = {key: _inside(runs.run, getattr(runs, key), f"paths.{key}") for key in ("bc", "bc_eval", "eto",
-                                                                                           "compare")}
+        runs = layout.RunLayout.of(cfg)
+        # the run's layout inside its folder; a seed's run folder (seeds.seed_config: <run>/seed<k>, the run's own
+        # seed the run itself) has the same one
+        paths = {key: _inside(runs.run, getattr(runs, key), f"paths.{key}") for key in ("bc", "bc_eval", "eto",
+                                                                                       "compare")}
+        for k in cfg.seeds or [cfg.seed]:
+            run_k = runs.run if k == cfg.seed else layout.seed_run(runs.run, k)
             dest = folder / layout.SEED_RUN.format(seed=k) / unit
-            how = results.collect(runs.run, dest, k, unit, paths)
-            console.print(f"[results] seed {k}, unit {unit}: {how} ({runs.run} -> {dest})")
+            how = results.collect(run_k, dest, k, unit, paths)
+            console.print(f"[results] seed {k}, unit {unit}: {how} ({run_k} -> {dest})")
     every = results.aggregate(folder, cfg.compare.bootstrap, cfg.seed)
     js, md = results.write(folder, every)
     console.print(f"[results] {', '.join(every)} over {len(results.sources(folder))} unit(s) -> {js}, {md}")
