@@ -5,11 +5,13 @@
 #
 #   scripts/real_study.sh unit K U     seed K's unit U in runs/real_study2/s<K>-<U>, one process at a time, then its
 #                                      results into $RESULTS_REPO/docs/results/real_study2/seed<K>/<U>/, committed
-#                                      there (only that folder). Units:
-#                                        eto      BC; the untuned model; ETO (2 iterations, dev-selected); the
-#                                                 trajectory arm (= ETO's iteration 1) and the SFT control
-#                                        step     BC; the step arm          mixture  BC; the mixture arm
-#                                        value    BC; the step_value arm    anchor   BC; the anchor arm
+#                                      there (only that folder). Units (the rule's table):
+#                                        eto         BC; ETO (2 iterations, dev-selected), the kept policy on test
+#                                        trajectory  BC; the trajectory arm (ETO's iteration 1 made again), the
+#                                                    SFT control of its steps
+#                                        step        BC; the step and mixture arms
+#                                        value       BC; the step_value arm; the untuned model
+#                                        anchor      BC; the anchor arm (played after every other unit)
 #   scripts/real_study.sh aggregate    the table from docs/results/real_study2 alone (no runs/ needed)
 #   scripts/real_study.sh status K U   the unit's stages so far: seconds and peak memory
 #
@@ -26,12 +28,12 @@ set -f
 unit_args() {  # the unit's run: its own folder, its seed, the arms it plays
   local k=$1 u=$2 arms
   case "$u" in
-    eto) arms="compare.variants=[trajectory] compare.control=true compare.control_of=trajectory" ;;
-    step) arms="compare.variants=[step] compare.control=false compare.control_of=step" ;;
-    mixture) arms="compare.variants=[mixture] compare.control=false compare.control_of=mixture" ;;
+    eto) arms="" ;;
+    trajectory) arms="compare.variants=[trajectory] compare.control=true compare.control_of=trajectory" ;;
+    step) arms="compare.variants=[step,mixture] compare.control=false compare.control_of=step" ;;
     value) arms="compare.variants=[step_value] compare.control=false compare.control_of=step_value" ;;
     anchor) arms="compare.variants=[anchor] compare.control=false compare.control_of=anchor" ;;
-    *) echo "unknown unit $u: eto, step, mixture, value or anchor" >&2; exit 2 ;;
+    *) echo "unknown unit $u: eto, trajectory, step, value or anchor" >&2; exit 2 ;;
   esac
   echo "experiment=real_study2 seeds=null seed=$k run_name=real_study2/s$k-$u $arms"
 }
@@ -39,11 +41,12 @@ case "${1-}" in
   unit)   K=$2 U=$3
           A=$(unit_args "$K" "$U")
           echo "[real_study] seed $K unit $U on $(lscpu | sed -n 's/^Model name: *//p'), commit $(git rev-parse --short HEAD)"
-          if [ "$U" = eto ]; then
-            eto-train eval $A eval.policy='${model.path}' eval.tag=untuned
-            eto-train eto $A
-          fi
-          eto-train compare $A
+          case "$U" in
+            eto)   eto-train eto $A ;;                      # BC, BC on dev and the test splits, the ETO loop
+            value) eto-train compare $A
+                   eto-train eval $A eval.policy='${model.path}' eval.tag=untuned ;;
+            *)     eto-train compare $A ;;                  # BC, BC on the test splits, the unit's arms
+          esac
           eto-train results $A results.unit="$U" results.dir="$RESULTS_REPO/$DIR"
           git -C "$RESULTS_REPO" add "$DIR/seed$K/$U" "$DIR/seeds.json" "$DIR/seeds.md"
           git -C "$RESULTS_REPO" commit -q -m "real_study2: seed $K unit $U played (results, costs, machine)" -- \
@@ -51,5 +54,5 @@ case "${1-}" in
           echo "[real_study] seed $K unit $U: results committed in $RESULTS_REPO" ;;
   aggregate) eto-train results experiment=real_study2 results.collect=false results.dir="$RESULTS_REPO/$DIR" ;;
   status) "$PY" scripts/stage_costs.py "runs/real_study2/s$2-$3" ;;
-  *)      sed -n '2,20p' "$0"; exit 2 ;;
+  *)      sed -n '2,22p' "$0"; exit 2 ;;
 esac

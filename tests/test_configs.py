@@ -349,13 +349,14 @@ def test_the_real_model_study_in_units_is_its_rule():
     assert json.loads(json.dumps({k: getattr(cfg, k).plain() for k in same}).replace("real_study2", "real_study")) \
         == {k: getattr(old, k).plain() for k in same}
     assert cfg.model.plain() == {**old.model.plain(), "dtype": "float32"}
-    assert cfg.bc.plain() == {**old.bc.plain(), "bf16": False}
-    assert cfg.eto.plain() == {**old.eto.plain(), "dpo": {**old.eto.dpo.plain(), "bf16": False}}
+    assert cfg.bc.plain() == {**old.bc.plain(), "bf16": False, "activation_checkpointing": True}
+    assert cfg.eto.plain() == {**old.eto.plain(), "dpo": {**old.eto.dpo.plain(), "bf16": False,
+                                                          "activation_checkpointing": True}}
     units = (ROOT / "scripts" / "real_study.sh").read_text()
-    for unit, arms in (("eto", "[trajectory] compare.control=true"), ("step", "[step] compare.control=false"),
-                       ("mixture", "[mixture] compare.control=false"), ("value", "[step_value] compare.control=false"),
-                       ("anchor", "[anchor] compare.control=false")):
+    for unit, arms in (("trajectory", "[trajectory] compare.control=true"), ("step", "[step,mixture] compare.control=false"),
+                       ("value", "[step_value] compare.control=false"), ("anchor", "[anchor] compare.control=false")):
         assert f"{unit}) arms=\"compare.variants={arms}" in units
+    assert 'eto)   eto-train eto $A' in units and "eval.tag=untuned" in units
     assert sorted(["trajectory", "step", "mixture", "step_value", "anchor"]) == sorted(cfg.compare.variants)
 
 
