@@ -230,7 +230,9 @@ def run(cfg) -> Path:
     out = writable_place(cfg, run_dir, layout.REPORT)  # the run folder, unless it is read-only
     out.mkdir(parents=True, exist_ok=True)
     iteration_plot(rep["eto"]["history"], out / layout.ITERATION_PLOT, cfg.eto.dev_split)
-    write_json(out / f"{layout.REPORT}.json", rep)
+    # report.json: the run's results, the same for two runs of the same seed; its costs (seconds, peak memory:
+    # measurements of this machine) only in report.md
+    write_json(out / f"{layout.REPORT}.json", {k: v for k, v in rep.items() if k != "costs"})
     path = out / f"{layout.REPORT}.md"
     png = layout.compare_file(Path(cfg.paths.compare), ".png")  # linked relative to the run folder's report
     compare_png = os.path.relpath(png, out) if out == run_dir else str(png)
