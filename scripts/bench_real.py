@@ -404,7 +404,9 @@ def _train_steps(t, cfg, path, tok, experts, pairs, out, peak, threads, n_params
     score_labelled_only(variant != HEAD_BASELINE)  # after make_trainer, which switches both on
     r, computed, _ = _train(trainer, variant, t.profile, out, f"bc/{tag}", res)
     ds = trainer.train_dataset  # the floor at the largest micro-batch: the t.batch longest rows
-    longest = sorted(zip(map(len, ds["input_ids"]), map(sum, ds["assistant_masks"])), reverse=True)[: t.batch]
+    mask = next((c for c in ("assistant_masks", "completion_mask") if c in ds.column_names), None)  # (TRL may rename)
+    labelled = map(sum, ds[mask]) if mask else map(len, ds["input_ids"])  # at most every token is labelled
+    longest = sorted(zip(map(len, ds["input_ids"]), labelled), reverse=True)[: t.batch]
     bc_memory = _memory(window, trainer, n_params, base, sum(n for n, _ in longest), sum(m for _, m in longest))
     lengths = [len(x) for x in trainer.train_dataset["input_ids"]]  # real tokens (padding is not counted)
     tokens, seconds = round(statistics.mean(lengths) * t.batch * r.global_step), r.metrics["train_runtime"]
@@ -450,10 +452,15 @@ def _memory(window: int, trainer, n_params: int, base: float, tokens: int, label
     model = trainer.model
     ref = getattr(trainer, "ref_model", None) is not None
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    # what it could reach: activations checkpointed, over what the process held before its first training (a later
+    # one's base also holds the earlier one's freed heap, which its peak reuses)
+    _FIRST_BASE.setdefault("gb", base)
     floor = memory.training_floor(model.config, n_params, tokens, labelled, trainable=trainable, reference=ref,
-                                  checkpointed=bool(getattr(trainer.args, "gradient_checkpointing", False)),
-                                  base_gb=base)
+                                  checkpointed=True, base_gb=min(base, _FIRST_BASE["gb"]))
     return {**memory.close_window(window), "base_gb": round(base, 3), "floor_gb": floor}
+
+
+_FIRST_BASE: dict[str, float] = {}
 
 
 def _train(trainer, variant: str, profile: bool, out: Path, name: str, res: dict):
