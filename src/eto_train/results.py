@@ -44,7 +44,6 @@ from .store import write_atomic, write_json
 SKIPPED = ("cache", "diag", NEXT, OLD, layout.LOGS, layout.SHARDS, "wandb")  # not results of the run
 KEPT_JSON = (layout.METRICS, layout.MANIFEST, layout.STATS, layout.SUMMARY, layout.RESULT,
              f"{layout.COMPARE}.json")
-UNIT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # what the engine's speed and dtypes depend on
 
 
