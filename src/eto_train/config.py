@@ -672,6 +672,7 @@ class ResultsSection(Section):
     unit: Text(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", null="the whole seed, 'all'",
                what="a unit's name (letters, digits, _ . -), e.g. a")
     collect: Flag
+    partial: Flag  # a unit collected before its eto / compare finishes: a study played in pieces
 
 
 class ReadingSection(Section):

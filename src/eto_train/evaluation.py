@@ -167,3 +167,118 @@ def paired(base: dict[str, bool], other: dict[str, bool], n_boot: int, seed: int
     a, b = [base[t] for t in tasks], [other[t] for t in tasks]
     mean, lo, hi = paired_bootstrap_ci([float(x) for x in a], [float(x) for x in b], n_boot=n_boot, seed=seed)
     return {"n": len(tasks), "diff": mean, "diff_ci95": [lo, hi], "mcnemar_p": mcnemar_exact(a, b)}
+
+
+# -- the paper's ScienceWorld metric: average final score, each policy and the paired differences ---------------
+SCORE_MIN_N = 5  # a task type's paired differences get an interval from this many tasks on
+
+
+def scores(path) -> dict[str, tuple[str, float, bool]]:
+    """task id -> (game, final score on the paper's 0-100 scale, success) in an episodes file, for the episodes
+    the policy is accountable for (as :func:`outcomes`). An episode's ``final_score`` is its reward at its last
+    step (ScienceWorld: the best score reached / 100, as ETO's evaluation keeps it)."""
+    from .store import read_episodes
+
+    return {e.task_id: (e.game, 100.0 * e.final_score, e.success) for e in read_episodes(path)
+            if e.status not in NOT_POLICY_FAULT}
+
+
+def _score_row(s: dict[str, tuple[str, float, bool]], n_boot: int, seed: int) -> dict[str, Any]:
+    from .stats import paired_bootstrap_ci
+
+    xs = [v[1] for v in s.values()]
+    k = sum(v[2] for v in s.values())
+    row: dict[str, Any] = {"n": len(xs), "mean_score": None, "mean_score_ci95": None,
+                           "success": k / len(xs) if xs else None, "success_ci95": list(wilson_ci(k, len(xs)))}
+    if xs:  # the mean's percentile bootstrap over tasks (the paired bootstrap against zeros)
+        mean, lo, hi = paired_bootstrap_ci([0.0] * len(xs), xs, n_boot=n_boot, seed=seed)
+        row |= {"mean_score": mean, "mean_score_ci95": [lo, hi]}
+    return row
+
+
+def _score_diff(a: dict[str, tuple[str, float, bool]], b: dict[str, tuple[str, float, bool]], n_boot: int,
+                seed: int) -> dict[str, Any]:
+    """``b`` minus ``a`` on the tasks both played: the score (points of 0-100) and success (points of 100%), each
+    with its paired bootstrap 95% interval; success's exact McNemar p."""
+    from .stats import mcnemar_exact, paired_bootstrap_ci
+
+    tasks = sorted(set(a) & set(b))
+    out: dict[str, Any] = {"n": len(tasks)}
+    if not tasks:
+        return out | {"score_diff": None, "score_diff_ci95": None, "success_diff": None, "success_diff_ci95": None,
+                      "mcnemar_p": None}
+    d, lo, hi = paired_bootstrap_ci([a[t][1] for t in tasks], [b[t][1] for t in tasks], n_boot=n_boot, seed=seed)
+    wa, wb = [a[t][2] for t in tasks], [b[t][2] for t in tasks]
+    sd, slo, shi = paired_bootstrap_ci([100.0 * x for x in wa], [100.0 * x for x in wb], n_boot=n_boot, seed=seed)
+    return out | {"score_diff": d, "score_diff_ci95": [lo, hi], "success_diff": sd, "success_diff_ci95": [slo, shi],
+                  "mcnemar_p": mcnemar_exact(wa, wb)}
+
+
+def score_comparison(files: dict[str, Any], n_boot: int, seed: int) -> dict[str, Any]:
+    """Policies' episode files on one split (in the order given: e.g. untuned, bc, eto) -> each policy's average
+    final score (0-100) with a bootstrap 95% interval and its success with a Wilson interval; every later policy
+    against every earlier one (``"<later> - <earlier>"``), paired on the tasks both played: the score difference in
+    points and the success difference in points, each with a paired bootstrap 95% interval; the same per game
+    (task type), where the intervals are left out below :data:`SCORE_MIN_N` tasks; and each policy's behaviour
+    rates (:func:`behaviour`: invalid, unparsed, loops, redundant, premature stop)."""
+    res = {n: scores(f) for n, f in files.items()}
+    names = list(files)
+    games = sorted({g for s in res.values() for g, _, _ in s.values()})
+
+    def of(name: str, game: str | None) -> dict[str, tuple[str, float, bool]]:
+        return {t: v for t, v in res[name].items() if game is None or v[0] == game}
+
+    def table(game: str | None) -> dict[str, Any]:
+        pol = {n: _score_row(of(n, game), n_boot, seed) for n in names}
+        pairs = {}
+        for i, later in enumerate(names):
+            for earlier in names[:i]:
+                d = _score_diff(of(earlier, game), of(later, game), n_boot, seed)
+                if game is not None and d["n"] < SCORE_MIN_N:
+                    d = {k: v for k, v in d.items() if not k.endswith("_ci95") and k != "mcnemar_p"}
+                pairs[f"{later} - {earlier}"] = d
+        return {"policies": pol, "pairs": pairs}
+
+    return {**table(None), "per_game": {g: table(g) for g in games},
+            "behaviour": {n: behaviour(f) for n, f in files.items()}}
+
+
+def score_markdown(by_split: dict[str, dict[str, Any]], level_note: str = "") -> str:
+    """The tables of :func:`score_comparison` per split: each policy (score, success, behaviour rates), the paired
+    differences, and per task type each policy's score with the differences."""
+    def num(x, ci=None, signed=False) -> str:
+        if x is None:
+            return "-"
+        s = f"{x:+.1f}" if signed else f"{x:.1f}"
+        return s + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if signed and ci else f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+
+    lines: list[str] = []
+    for split, res in by_split.items():
+        lines += [f"### {split}", "", "| policy | n | average score (0-100) [95% CI] | success % [95% CI] | invalid | "
+                  "unparsed | loops | redundant | premature stop |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, r in res["policies"].items():
+            b = res["behaviour"].get(name, {})
+            succ = None if r["success"] is None else 100 * r["success"]
+            lines.append(f"| {name} | {r['n']} | {num(r['mean_score'], r['mean_score_ci95'])} | "
+                         f"{num(succ, [100 * x for x in r['success_ci95']])} | "
+                         + " | ".join(f"{100 * b[k]:.1f}%" if k in b else "-" for k, _ in BEHAVIOUR) + " |")
+        lines += ["", "| difference | n | score points [95% CI] | success points [95% CI] | McNemar p |",
+                  "| --- | --- | --- | --- | --- |"]
+        for pair, d in res["pairs"].items():
+            p = "-" if d.get("mcnemar_p") is None else f"{d['mcnemar_p']:.3g}"
+            lines.append(f"| {pair} | {d['n']} | {num(d['score_diff'], d['score_diff_ci95'], True)} | "
+                         f"{num(d['success_diff'], d['success_diff_ci95'], True)} | {p} |")
+        if res["per_game"]:
+            names, pairs = list(res["policies"]), list(res["pairs"])
+            lines += ["", "| task type | n | " + " | ".join(f"{n} score" for n in names) + " | "
+                      + " | ".join(f"{p} [95% CI]" for p in pairs) + " |",
+                      "| --- | --- | " + " | ".join("---" for _ in names + pairs) + " |"]
+            for game, g in res["per_game"].items():
+                n = max(r["n"] for r in g["policies"].values())
+                lines.append(f"| {game} | {n} | " + " | ".join(num(g["policies"][x]["mean_score"]) for x in names)
+                             + " | " + " | ".join(num(g["pairs"][p]["score_diff"], g["pairs"][p].get("score_diff_ci95"),
+                                                      True) for p in pairs) + " |")
+        lines.append("")
+    if level_note:
+        lines += [level_note, ""]
+    return "\n".join(lines)

@@ -134,14 +134,18 @@ def digest(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-def collect(run: Path, dest: Path, seed: int, unit: str, paths: dict[str, str]) -> str:
+def collect(run: Path, dest: Path, seed: int, unit: str, paths: dict[str, str], partial: bool = False) -> str:
     """Copy ``run``'s results into ``dest`` (``<results.dir>/seed<k>/<unit>``): "collected", or "kept" when
     ``dest`` already holds the same results. ``paths``: the run's layout (bc_eval, eto, compare) relative to
-    ``run``, recorded in unit.json for :func:`sources`."""
+    ``run``, recorded in unit.json for :func:`sources`. ``partial`` (results.partial): a run whose eto or compare
+    has not finished is collected too when it holds an evaluation (a piece of a study played in pieces, each
+    collected under its own unit name)."""
     files = files_of(run)
-    if not any(n.endswith(f"{layout.COMPARE}.json") or n.endswith(f"eto/{layout.RESULT}") for n in files):
-        raise ConfigError(f"{run}: no finished compare.json or eto/result.json: nothing to collect yet "
-                          f"(results.dir={dest.parent.parent}); finish the run's eto or compare first")
+    finished = any(n.endswith(f"{layout.COMPARE}.json") or n.endswith(f"eto/{layout.RESULT}") for n in files)
+    if not finished and not (partial and any(n.endswith(layout.EPISODES + layout.GZ) for n in files)):
+        raise ConfigError(f"{run}: no finished compare.json or eto/result.json{' nor an evaluation' if partial else ''}:"
+                          f" nothing to collect yet (results.dir={dest.parent.parent}); finish the run's eto or "
+                          f"compare first")
     record = dest / layout.UNIT
     if record.exists():
         old = json.loads(record.read_text(encoding="utf-8"))
@@ -208,4 +212,57 @@ def write(folder: Path, every: dict[str, Any]) -> tuple[Path, Path]:
     js, md = layout.seeds_file(folder, ".json"), layout.seeds_file(folder, ".md")
     write_json(js, every)
     write_atomic(md, markdown(every))
+    return js, md
+
+
+def policy_evaluations(src: Source) -> dict[str, Path]:
+    """A unit's policies in play order, each with its evaluations folder: the untuned model, BC, ETO's kept policy
+    (``eto`` in eto/result.json: BC's own evaluation when dev kept BC) and each ETO iteration that played the
+    test splits without being kept (``eto iter<k>``, eto.test_last_iteration). Only those the unit holds."""
+    runs = src.layout
+    out: dict[str, Path] = {}
+    if src.untuned is not None and src.untuned.is_dir():
+        out[layout.UNTUNED] = src.untuned
+    if runs.bc_eval.is_dir():
+        out["bc"] = runs.bc_eval
+    if runs.eto_result.exists():
+        res = json.loads(runs.eto_result.read_text(encoding="utf-8"))
+        out["eto"] = src.resolve(res["best_eval"])
+        for it in sorted(runs.eto.glob("iter*/" + layout.EVAL), key=lambda p: int(p.parent.name[4:] or 0)):
+            if it.resolve() != out["eto"].resolve():
+                out[f"eto {it.parent.name}"] = it
+    return out
+
+
+def scores(folder: Path, splits: list[str], n_boot: int, seed: int) -> dict[str, Any]:
+    """The paper's ScienceWorld metric over a results folder: for each unit, each split of ``splits`` its policies
+    (:func:`policy_evaluations`) played, :func:`eto_train.evaluation.score_comparison` (average final score 0-100,
+    success, the paired differences, per task type, behaviour rates). ``{unit: {split: ...}}``; units without
+    an evaluation of those splits are left out."""
+    from .evaluation import score_comparison
+
+    out: dict[str, Any] = {}
+    for src in sources(folder):
+        evals = policy_evaluations(src)
+        by_split = {}
+        for split in splits:
+            files = {n: layout.episodes(p, split) for n, p in evals.items() if layout.episodes(p, split).exists()}
+            if files:
+                by_split[split] = score_comparison(files, n_boot, seed)
+        if by_split:
+            out[src.name] = by_split
+    return out
+
+
+def write_scores(folder: Path, table: dict[str, Any], n_boot: int) -> tuple[Path, Path]:
+    """``<folder>/scores.json`` and ``scores.md``: :func:`scores`' tables, one section per unit."""
+    from .evaluation import score_markdown
+
+    js, md = Path(folder) / "scores.json", Path(folder) / "scores.md"
+    write_json(js, table)
+    note = (f"Average final score: each episode's best score (0-100) at its end, the mean over the split's tasks; "
+            f"intervals: percentile bootstrap over tasks ({n_boot} resamples), paired on the tasks both policies "
+            f"played; success: Wilson interval; differences are row minus column policy, later minus earlier.")
+    write_atomic(md, "\n".join(f"## {unit}\n\n{score_markdown(by_split)}" for unit, by_split in table.items())
+                 + note + "\n")
     return js, md

@@ -4,6 +4,11 @@
         results.dir=docs/results/real_study           # after a unit finishes: collect it, aggregate
     eto-train results results.dir=docs/results/real_study results.collect=false   # a fresh clone: aggregate only
 
+With ``env.metric: mean_score`` (ScienceWorld, WebShop) it writes ``scores.json`` / ``scores.md`` beside the seeds'
+table too: each unit's policies (untuned, BC, ETO) by the paper's metric, average final score, with success, the
+paired differences and the behaviour rates (results.scores). ``results.partial=true`` collects a run whose eto has
+not finished yet (a piece of a study played in pieces, under its own unit name).
+
 With ``seeds`` each seed's run folder (seeds.py) is collected as ``seed<k>/<results.unit or all>``; without,
 the run folder is seed ``seed``'s unit. What is kept and why: :mod:`eto_train.results`.
 """
@@ -46,9 +51,14 @@ def run(cfg) -> dict:
         for k in cfg.seeds or [cfg.seed]:
             run_k = runs.run if k == cfg.seed else layout.seed_run(runs.run, k)
             dest = folder / layout.SEED_RUN.format(seed=k) / unit
-            how = results.collect(run_k, dest, k, unit, paths)
+            how = results.collect(run_k, dest, k, unit, paths, partial=bool(r.partial))
             console.print(f"[results] seed {k}, unit {unit}: {how} ({run_k} -> {dest})")
     every = results.aggregate(folder, cfg.compare.bootstrap, cfg.seed)
     js, md = results.write(folder, every)
     console.print(f"[results] {', '.join(every)} over {len(results.sources(folder))} unit(s) -> {js}, {md}")
+    if cfg.env.metric == "mean_score":  # the paper's metric there (ScienceWorld, WebShop): average final score
+        table = results.scores(folder, list(cfg.eval.splits), cfg.compare.bootstrap, cfg.seed)
+        if table:
+            js, md = results.write_scores(folder, table, cfg.compare.bootstrap)
+            console.print(f"[results] average final score of {len(table)} unit(s) -> {js}, {md}")
     return every

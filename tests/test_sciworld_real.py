@@ -1,0 +1,204 @@
+"""ScienceWorld on the real model (issue 55): the action-only prompt profile (the paper's instruction, its example
+without thoughts: one shape with the gold demonstrations BC trains on), the paper's metric (average final score
+0-100) with paired differences, per task type, hand-checked, and a study's results kept piece by piece."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import re
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from eto_train import layout, results
+from eto_train.evaluation import SCORE_MIN_N, score_comparison, score_markdown
+from eto_train.prompting import PromptConfig, parse_action, rollout_context, system_message
+from eto_train.records import Episode, PolicyRef, Step, to_messages
+from eto_train.store import append_episodes, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+ACTION_TURN = re.compile(r"^Action: [^\n]+$")  # one line, an action: the shape of every assistant turn
+
+
+def _profile(name: str) -> PromptConfig:
+    return PromptConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "prompt" / f"{name}.yaml")))
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("smollm2")
+    src = ROOT / "tests" / "data" / "tokenizers" / "smollm2"  # SmolLM2's real tokenizer (compressed)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes(lzma.decompress((src / f"{name}.xz").read_bytes()))
+    return AutoTokenizer.from_pretrained(out)
+
+
+# -- the prompt profile ------------------------------------------------------------------------------------------
+def test_the_action_only_profile_is_the_papers_without_thoughts():
+    paper, ours = _profile("sciworld_eto"), _profile("sciworld_eto_actions")
+    assert ours.version == "sciworld-eto-actions" != paper.version  # a departure, named
+    assert not ours.thought and paper.thought
+    for key in ("system", "opening", "task_template", "observation_template", "invalid_format"):
+        assert getattr(ours, key) == getattr(paper, key)  # the authors' instruction and turns, word for word
+    assert [m["role"] for m in ours.example] == [m["role"] for m in paper.example]
+    for theirs, mine in zip(paper.example, ours.example):
+        if mine["role"] == "user":
+            assert mine == theirs
+        else:  # their answer's Action line alone; the thought is gone
+            assert ACTION_TURN.match(mine["content"]) and "Thought" not in mine["content"]
+            assert theirs["content"].splitlines()[-1] == mine["content"]
+            assert parse_action(mine["content"]) == parse_action(theirs["content"])
+
+
+def _gold_like_episode(prompt: PromptConfig) -> Episode:
+    """An expert episode as experts.expert_episode writes one (format_action, render_observation), by hand."""
+    from eto_train.experts import EXPERT
+    from eto_train.prompting import first_user_message, format_action, render_observation
+
+    ep = Episode(episode_id="e", task_id="8_0", env="sciworld", game="task-3-find-animal", fold="train", seed=0,
+                 split="train", env_version="x", policy=EXPERT, prompt_version=prompt.version,
+                 system=system_message(prompt, ["look around"])["content"], opening=prompt.opening,
+                 first_user=first_user_message(prompt, "Your task is to find a(n) animal.", "ignored")["content"],
+                 instruction="Your task is to find a(n) animal.", first_observation="This room is called the hallway.")
+    for i, (action, obs) in enumerate([("teleport to outside", "You teleport to the outside."),
+                                       ("look around", "This room is called the outside. In it, you see: \n\ta frog egg"),
+                                       ("focus on frog egg", "You focus on the frog egg.")]):
+        ep.steps.append(Step(index=i, raw_output=format_action(action), action=action, valid=True,
+                             observation=render_observation(prompt, obs), reward=(i + 1) / 3, done=i == 2))
+    ep.finish("success")
+    return ep
+
+
+def test_demonstrations_and_the_example_have_one_shape_in_the_rendered_conversation(tok):
+    """What BC trains on (to_messages: no example) and what a policy sees (the example, then the task): every
+    assistant turn is one Action line, the labelled tokens of BC are exactly those turns, nothing says Thought."""
+    from eto_train.prompting import chat_ids
+    from eto_train.training.masks import assistant_token_mask
+
+    prompt = _profile("sciworld_eto_actions")
+    ep = _gold_like_episode(prompt)
+    demo = to_messages(ep)
+    assert demo[:2] == [{"role": "user", "content": prompt.system}, {"role": "assistant", "content": "OK"}]
+    answers = [m["content"] for m in demo[2:] if m["role"] == "assistant"]
+    assert answers == ["Action: teleport to outside", "Action: look around", "Action: focus on frog egg"]
+    example = [m["content"] for m in prompt.example if m["role"] == "assistant"]
+    assert all(ACTION_TURN.match(a) for a in answers + example)
+    # the rendered rollout conversation: opening, the example, the task, the demonstration's exchanges
+    conv = rollout_context(prompt, ep.system, ep.first_user) + demo[3:]
+    text = tok.decode(chat_ids(tok, conv, add_generation_prompt=False))
+    assert "Thought" not in text.split(prompt.system)[-1]  # the instruction's own words aside, none anywhere
+    turns = re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text, re.S)
+    assert turns == ["OK", *example, *answers]
+    # BC's labels: the demonstration's answers (and the opening's OK), each with its end of turn, nothing else
+    ids, mask = assistant_token_mask(tok, demo)
+    labelled = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert labelled == "OK<|im_end|>" + "".join(f"{a}<|im_end|>" for a in answers)
+
+
+# -- the paper's metric ------------------------------------------------------------------------------------------
+T = [f"{g}_{v}" for g in (8, 9) for v in range(6)]  # two task types, six variations each
+
+
+def _episodes(path: Path, scored: dict[str, tuple[float, bool]]) -> None:
+    """Hand-built episodes: task id -> (final score 0-1, success)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    eps = []
+    for i, (t, (score, won)) in enumerate(scored.items()):
+        ep = Episode(episode_id=f"e-{t}", task_id=t, env="sciworld", game=f"type-{t.split('_')[0]}", fold="test",
+                     seed=i, split="seen", env_version="x", policy=PolicyRef("p"), prompt_version="x", system="",
+                     first_user="", instruction="", first_observation="")
+        ep.steps.append(Step(index=0, raw_output="Action: look around", action="look around", valid=True,
+                             observation="o", reward=score, done=True))
+        ep.finish("success" if won else "failure")
+        eps.append(ep)
+    append_episodes(path, eps)
+
+
+# scores (0-1) by hand: untuned near zero, BC some, ETO more; ETO wins 8_0 and 9_0 (score 1)
+UNTUNED = {t: (0.0 if i % 2 else 0.1, False) for i, t in enumerate(T)}
+BC = {t: (0.5 if t.startswith("8") else 0.25, t == "8_1") for t in T}
+BC["8_1"] = (1.0, True)
+ETO = {**BC, "8_0": (1.0, True), "9_0": (1.0, True), "9_5": (0.0, False)}
+
+
+def test_score_comparison_is_the_papers_average_final_score_with_paired_differences(tmp_path):
+    files = {}
+    for name, scored in (("untuned", UNTUNED), ("bc", BC), ("eto", ETO)):
+        files[name] = layout.episodes(tmp_path / name, "seen")
+        _episodes(files[name], scored)
+    res = score_comparison(files, 500, 0)
+    pol = res["policies"]
+    # by hand: untuned 6 x 10 / 12 = 5.0; BC (5 x 50 + 100 + 6 x 25) / 12 = 41.666...; ETO = BC + (50 + 75 - 25) / 12
+    assert pol["untuned"]["mean_score"] == pytest.approx(5.0)
+    assert pol["bc"]["mean_score"] == pytest.approx(500 / 12)
+    assert pol["eto"]["mean_score"] == pytest.approx(600 / 12)
+    assert pol["bc"]["success"] == pytest.approx(1 / 12) and pol["eto"]["success"] == pytest.approx(3 / 12)
+    lo, hi = pol["eto"]["mean_score_ci95"]
+    assert lo < 50 < hi and 0 <= lo and hi <= 100
+    assert list(res["pairs"]) == ["bc - untuned", "eto - untuned", "eto - bc"]
+    d = res["pairs"]["eto - bc"]
+    assert d["n"] == 12 and d["score_diff"] == pytest.approx(100 / 12)  # +50 (8_0) +75 (9_0) -25 (9_5)
+    assert d["success_diff"] == pytest.approx(200 / 12) and d["mcnemar_p"] == pytest.approx(0.5)  # 2 discordant
+    assert d["score_diff_ci95"][0] <= d["score_diff"] <= d["score_diff_ci95"][1]
+    # per task type: type-8 ETO - BC = +50 / 6; type-9 = (+75 - 25) / 6
+    g8, g9 = res["per_game"]["type-8"], res["per_game"]["type-9"]
+    assert g8["pairs"]["eto - bc"]["score_diff"] == pytest.approx(50 / 6)
+    assert g9["pairs"]["eto - bc"]["score_diff"] == pytest.approx(50 / 6)
+    assert g8["policies"]["bc"]["mean_score"] == pytest.approx((250 + 100) / 6)
+    assert 6 >= SCORE_MIN_N and "score_diff_ci95" in g8["pairs"]["eto - bc"]
+    assert set(res["behaviour"]["bc"]) >= {"unparsed_rate", "invalid_action_rate", "loop_rate"}
+    md = score_markdown({"seen": res})
+    assert "| eto - bc | 12 | +8.3 [" in md and "| bc | 12 | 41.7 [" in md and "| type-8 | 6 |" in md
+
+
+def test_a_task_type_under_the_minimum_gets_no_interval(tmp_path):
+    few = {t: v for t, v in BC.items() if t in ("8_0", "8_1", "9_0")}
+    files = {"bc": layout.episodes(tmp_path / "bc", "seen"), "eto": layout.episodes(tmp_path / "eto", "seen")}
+    _episodes(files["bc"], few)
+    _episodes(files["eto"], {t: ETO[t] for t in few})
+    res = score_comparison(files, 200, 0)
+    assert "score_diff_ci95" not in res["per_game"]["type-8"]["pairs"]["eto - bc"]
+    assert res["per_game"]["type-8"]["pairs"]["eto - bc"]["score_diff"] == pytest.approx(25.0)  # (+50 + 0) / 2
+    assert "score_diff_ci95" in res["pairs"]["eto - bc"]  # overall: 3 tasks, still an interval
+
+
+# -- a study in pieces: each piece collected as it ends, the scores from the results folder ----------------------
+def _run(tmp_path: Path, with_eto: bool) -> Path:
+    run = tmp_path / "run"
+    for split in ("seen", "unseen"):
+        _episodes(layout.episodes(run / "eval" / "untuned", split), UNTUNED)
+        _episodes(layout.episodes(run / "eval" / "bc", split), BC)
+    if with_eto:
+        for split in ("seen", "unseen"):
+            _episodes(layout.episodes(run / "eval" / "eto_best", split), ETO)
+        write_json(run / "eto" / "result.json", {"best_eval": str(run / "eval" / "eto_best"), "best_iteration": 1,
+                                                 "best_vs_bc": {}})
+    return run
+
+
+def test_pieces_are_collected_before_eto_ends_and_scored_from_the_folder(tmp_path):
+    from eto_train.errors import ConfigError
+
+    paths = {"bc": "bc", "bc_eval": "eval/bc", "eto": "eto", "compare": "compare"}
+    run, kept = _run(tmp_path, with_eto=False), tmp_path / "kept"
+    with pytest.raises(ConfigError, match="no finished compare.json or eto/result.json"):
+        results.collect(run, kept / "seed0" / "p1-bc", 0, "p1-bc", paths)  # a study's unit: not before it ends
+    assert results.collect(run, kept / "seed0" / "p1-bc", 0, "p1-bc", paths, partial=True) == "collected"
+    with pytest.raises(ConfigError, match="nor an evaluation"):
+        results.collect(tmp_path / "empty", kept / "seed0" / "x", 0, "x", paths, partial=True)
+    run = _run(tmp_path, with_eto=True)
+    assert results.collect(run, kept / "seed0" / "p2-eto", 0, "p2-eto", paths, partial=True) == "collected"
+    table = results.scores(kept, ["seen", "unseen"], 300, 0)
+    assert list(table) == ["seed0/p1-bc", "seed0/p2-eto"]
+    assert list(table["seed0/p1-bc"]["seen"]["policies"]) == ["untuned", "bc"]  # the evaluations so far
+    last = table["seed0/p2-eto"]["unseen"]  # read from the compressed copies alone
+    assert list(last["policies"]) == ["untuned", "bc", "eto"]
+    assert last["pairs"]["eto - bc"]["score_diff"] == pytest.approx(100 / 12)
+    assert last["pairs"]["bc - untuned"]["score_diff"] == pytest.approx(500 / 12 - 5.0)
+    js, md = results.write_scores(kept, table, 300)
+    assert json.loads(js.read_text())["seed0/p2-eto"]["seen"]["policies"]["eto"]["n"] == 12
+    assert "## seed0/p2-eto" in md.read_text() and "average score (0-100)" in md.read_text()
