@@ -202,3 +202,40 @@ def test_pieces_are_collected_before_eto_ends_and_scored_from_the_folder(tmp_pat
     js, md = results.write_scores(kept, table, 300)
     assert json.loads(js.read_text())["seed0/p2-eto"]["seen"]["policies"]["eto"]["n"] == 12
     assert "## seed0/p2-eto" in md.read_text() and "average score (0-100)" in md.read_text()
+
+
+# -- the experiment and its command ------------------------------------------------------------------------------
+def test_the_experiment_is_typed_and_plays_enough_of_each_split():
+    """experiment=real_sciworld passes the schema; its 11 task types give >= 300 stratified demonstrations, >= 100
+    seen and >= 100 unseen variations, a dev split carved from train and disjoint from both, the paper's step limits
+    (10-30), the action-only profile, one ETO iteration selected on dev by the paper's metric."""
+    from collections import Counter
+
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.config import load
+    from eto_train.envs import make_env
+
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="test_sciworld_real"):
+        cfg = load(compose("config", overrides=["experiment=real_sciworld"]))
+    assert cfg.prompt.version == "sciworld-eto-actions" and cfg.model.name == "smollm2-135m-instruct"
+    assert cfg.env.metric == "mean_score" and cfg.env.step_limit is None and list(cfg.eval.splits) == ["seen", "unseen"]
+    assert cfg.eto.iterations >= 1 and cfg.eto.early_stopping and cfg.eto.dev_split == "dev"
+    assert cfg.results.dir == "docs/results/real_sciworld" and cfg.results.partial
+    assert cfg.model.dtype == "float32" and not cfg.bc.bf16 and not cfg.eto.dpo.bf16
+    env = make_env(cfg.env.plain())  # task lists only: no simulator starts
+    try:
+        split = {s: env.tasks(s) for s in ("train", "dev", "seen", "unseen")}
+        types = set(cfg.env.tasks)
+        assert len(types) == 11 and all(10 <= env.max_steps(t) <= 30 for t in split["seen"])
+        assert len(split["train"]) >= 300 and len(split["seen"]) >= 100 and len(split["unseen"]) >= 100
+        per_type = Counter(t.game for t in split["train"])
+        assert set(per_type) == types and max(per_type.values()) == 34  # stratified: at most 36 - 2 (dev) a type
+        ids = {s: {t.task_id for t in ts} for s, ts in split.items()}
+        assert not ids["dev"] & (ids["seen"] | ids["unseen"] | ids["train"]) and len(ids["dev"]) == 22
+        assert {t.game for t in split["seen"]} == {t.game for t in split["unseen"]} == types
+    finally:
+        env.close()
+    script = (ROOT / "lab" / "sciworld_real.sh").read_text()
+    assert 'PIECES="untuned bc bc-test eto eto-test"' in script and "experiment=real_sciworld" in script
+    assert "eto-train results $A results.unit=" in script
