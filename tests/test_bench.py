@@ -1,5 +1,5 @@
-"""The measurement helpers of `make bench` (scripts/benchmarks.py), on the tiny model and real games,
-and its config (configs/bench/config.yaml, checked by scripts/bench.py)."""
+"""The measurement helpers of `make bench` (lab/benchmarks.py), on the tiny model and real games,
+and its config (configs/bench/config.yaml, checked by lab/bench.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from eto_train import layout
 from eto_train.config import ConfigError
 from fixture_settings import generation
 
-sys.path.insert(0, str(layout.REPO_ROOT / "scripts"))
+sys.path.insert(0, str(layout.REPO_ROOT / "lab"))
 from benchmarks import (compare_episodes, comparable_episodes, manifest_seconds, policy_budget,  # noqa: E402
                         simulator_of, spread, step_envs)
 from eto_train.envs import StepResult, Task, make_env
@@ -33,6 +33,27 @@ def test_batched_generate_answers_each_conversation_as_it_answers_it_alone(tiny_
     alone = [policy.generate([c])[0] for c in convs]
     assert batched == alone
     assert len({r[1] for r in batched}) == 3  # the prompts did differ in length
+
+
+def test_the_577f8ab_engine_comes_from_git_and_answers_as_todays_engine(tiny_model_dir):
+    """bench.real's old engine is commit 577f8ab's rollouts/kvbatch.py, read from git at bench time (no copy in
+    the tree), once per process; as bench.real plays it (a session of that class), greedy on the tiny model,
+    its rows answer exactly as today's engine's do."""
+    import torch
+    from bench_real import _Recorded, engine_577f8ab
+
+    old_engine = engine_577f8ab()
+    assert engine_577f8ab() is old_engine and old_engine.__module__ == "kvbatch_577f8ab"
+    policy = Policy(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)),
+                    generation(max_new_tokens=6))
+    old, today = _Recorded(policy, old_engine).session(), policy.session()
+    assert type(old) is old_engine and type(today) is not old_engine
+    convs = [[{"role": "user", "content": "Task: sort\nObservation: " + "a box and a key " * n}] for n in (1, 4)]
+    with torch.inference_mode():
+        for s in (old, today):
+            for _ in convs:
+                s.add_row()
+        assert old.step(convs) == today.step(convs)
 
 
 def _tasks_and_gold(twx_cfg, n):
@@ -223,6 +244,7 @@ def test_real_section_keeps_each_finished_part_when_a_later_one_dies(tmp_path, m
     cfg = _bench_config([f"paths.runs={tmp_path}", "run_name=partial", "bench.only=real",
                          "bench.real.parts=[decode,rollouts,training]"])
     monkeypatch.setattr(bench_real, "setup_runtime", lambda threads: 1)
+    monkeypatch.setattr(bench_real, "engine_577f8ab", lambda: None)  # (read from git: the test above)
     monkeypatch.setattr(bench_real, "matmul_peak", lambda: {"peak": {"float32/1": 1.0}})
     monkeypatch.setattr(bench_real, "_compose", lambda overrides: cfg)
     monkeypatch.setattr("eto_train.model.load.load_model", lambda path, dtype=None: "model")

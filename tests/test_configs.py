@@ -338,7 +338,7 @@ def test_the_real_model_study_is_its_rule():
 def test_the_real_model_study_in_units_is_its_rule():
     """experiment=real_study2 is the rule of docs/experiments.md ("ETO on a real chat model, played in units: the
     rule (2026-12-06)"): real_study's setting, arms and DPO strength (rule 76994e1), fp32 everywhere, two threads,
-    seeds 0-2, the results kept in docs/results/real_study2; the units are scripts/real_study.sh's."""
+    seeds 0-2, the results kept in docs/results/real_study2; the units are lab/real_study.sh's."""
     from eto_train.config import load
 
     old, cfg = load(compose(["experiment=real_study"])), load(compose(["experiment=real_study2"]))
@@ -352,7 +352,7 @@ def test_the_real_model_study_in_units_is_its_rule():
     assert cfg.bc.plain() == {**old.bc.plain(), "bf16": False, "activation_checkpointing": True}
     assert cfg.eto.plain() == {**old.eto.plain(), "dpo": {**old.eto.dpo.plain(), "bf16": False,
                                                           "activation_checkpointing": True}}
-    units = (ROOT / "scripts" / "real_study.sh").read_text()
+    units = (ROOT / "lab" / "real_study.sh").read_text()
     for unit, arms in (("trajectory", "[trajectory] compare.control=true"), ("step", "[step,mixture] compare.control=false"),
                        ("value", "[step_value] compare.control=false"), ("anchor", "[anchor] compare.control=false")):
         assert f"{unit}) arms=\"compare.variants={arms}" in units
@@ -368,18 +368,33 @@ SHIPPED = ([[]] + [[f"env={p.stem}"] for p in sorted((ROOT / "configs/env").glob
            + [["rollout=gpu"], ["eto=paper"], ["model=smollm2_135m"], ["hardware=qlora_24gb"]])
 
 
+def written_twice(obj, path: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
+    """(key, schema default, YAML value) of every key ``obj`` (a loaded config) sets that also carries a default in
+    config.py's schema, with the same value or another. An override section's unset means "the other section's",
+    and an optional key's null default is its absence (the library's default): neither is a value."""
+    from pydantic import BaseModel
+
+    from eto_train.config import _Overrides
+
+    fields, found = type(obj).model_fields, []
+    for k in sorted(obj.model_fields_set & fields.keys()):
+        v, f = getattr(obj, k), fields[k]
+        if isinstance(v, BaseModel):
+            found += written_twice(v, (*path, k))
+        elif not f.is_required() and not isinstance(obj, _Overrides):
+            d = f.get_default(call_default_factory=True)
+            if d is not None:
+                found.append((".".join((*path, k)), d, v))
+    return found
+
+
 @pytest.mark.parametrize("overrides", SHIPPED, ids=lambda o: " ".join(o) or "default")
 def test_no_value_is_written_in_two_homes(overrides, tmp_path):
     """Issue 38, item 1: every value lives in the YAML (configs/), the schema holds types, bounds and words only.
     For each shipped profile, no key the composed YAML sets also carries a schema default (the adapters' Config
     models included). Override sections (eto.dpo.later, eval.rollout, eto.explore.rollout) are optional keys
-    whose unset means "the other section's": no value of their own (scripts/config_homes.py measures the same)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from config_homes import homes
-
+    whose unset means "the other section's": no value of their own."""
     from eto_train.config import load
 
     (tmp_path / "sft.json").write_text("[]")  # WebShop's experts come from a file (its name is all load checks)
-    same, diff = [], []
-    homes(load(compose([o.replace("<a file>", str(tmp_path / "sft.json")) for o in overrides])), [], same, diff)
-    assert same + diff == []
+    assert written_twice(load(compose([o.replace("<a file>", str(tmp_path / "sft.json")) for o in overrides]))) == []

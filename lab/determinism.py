@@ -6,8 +6,8 @@ each turn), in one dtype, and prints how many turns and whole episodes agree wit
 at batch 1. A turn agrees when it and every turn before it in its episode are identical (after the
 first difference the episodes see different observations).
 
-    .venv/bin/python scripts/determinism.py --policy models/twx-base-1.7m --dtype bfloat16
-    .venv/bin/python scripts/determinism.py --family llama2 --dtype float32   # a random-init fixture
+    .venv/bin/python lab/determinism.py --policy models/twx-base-1.7m --dtype bfloat16
+    .venv/bin/python lab/determinism.py --family llama2 --dtype float32   # a random-init fixture
     ... --device cuda                                                          # on a GPU box
 """
 

@@ -18,7 +18,7 @@ package constraints-vllm.txt pins that it caps (fastapi, mcp, protobuf) are the 
 constraints-vllm.txt stores, no more, no fewer (tests/test_extras.py checks those against
 pyproject's [vllm] extra and the pins), and torch / transformers are the tested releases.
 
-    .venv-vllm/bin/python scripts/rehearse_vllm.py [--models twx_base llama2] [--eager] [--out DIR]
+    .venv-vllm/bin/python lab/rehearse_vllm.py [--models twx_base llama2] [--eager] [--out DIR]
 
 The engines run with the configs' ``rollout.vllm.enforce_eager: false`` (vLLM compiles the model
 with torch.compile at each start; its compile cache, ~/.cache/vllm, serves the later starts of
@@ -156,7 +156,7 @@ def rollout_stages(run: Path) -> dict[str, Path]:
 
 
 def compare_runs(hf: Path, vllm: Path) -> dict:
-    from benchmarks import compare_episodes, comparable_episodes  # scripts/benchmarks.py (make bench's)
+    from benchmarks import compare_episodes, comparable_episodes  # lab/benchmarks.py (make bench's)
 
     a, b = rollout_stages(hf), rollout_stages(vllm)
     res, policies = {}, {}

@@ -3,7 +3,7 @@
 would be), at 1 / 8 / 64 parallel episodes (threads sharing the process's connection pool) and
 ``env.max_connections`` 4 vs 16. An episode: create, reset, GET /observation, 3 steps (the gold path).
 
-``python scripts/bench_agentgym.py [--episodes 64] [--delay 0.01]``: prints a JSON line per setting.
+``python lab/bench_agentgym.py [--episodes 64] [--delay 0.01]``: prints a JSON line per setting.
 """
 
 from __future__ import annotations

