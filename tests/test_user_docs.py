@@ -1,14 +1,18 @@
-"""Every command a user page quotes runs today: docs/your_model.md and README.md's code blocks.
+"""Every command a user page quotes runs today; every path it names exists; every link resolves.
 
-Each ``eto-train <stage> ...`` (also ``python -m eto_train.cli <stage>``, under ``accelerate launch`` too)
-and each ``make <target> ARGS="..."`` in a fenced code block or an inline code span is composed with the
-project's own configs and validated (:func:`eto_train.config.load`), as the CLI does before a stage runs;
-nothing is run and no model is loaded. Shell-only parts (``N_GPUS=``, ``ACCEL=``, ``--cfg job``) are
-dropped; the page's two placeholders, ``$MODEL`` and ``$SFT``, become a folder and a file the test makes;
-the model config the page tells users to save (its ```yaml block, ``configs/model/my_model.yaml``)
-is put on Hydra's search path, so ``model=my_model`` composes with exactly that file. Every make target
-named must exist in the Makefile, and the GPU install line must be one line, the same in the page,
-README.md and docs/gpu.md.
+User pages: README.md and every docs/ page outside the lab notebook (docs/lab/) and the studies' results
+(docs/results/). Each ``eto-train <stage> ...`` (also ``python -m eto_train.cli <stage>``, under
+``accelerate launch`` too) and each ``make <target> ARGS="..."`` in a fenced code block or an inline code span
+is composed with the project's own configs and validated (:func:`eto_train.config.load`), as the CLI does before
+a stage runs; nothing is run and no model is loaded. Shell-only parts (``N_GPUS=``, ``ACCEL=``, ``--cfg job``)
+are dropped; docs/your_model.md's two placeholders, ``$MODEL`` and ``$SFT``, become a folder and a file the
+test makes; the model config that page tells users to save (its ```yaml block, ``configs/model/my_model.yaml``)
+is put on Hydra's search path, so ``model=my_model`` composes with exactly that file. Every make target named
+must exist in the Makefile, and the GPU install line must be one line, the same in the page, README.md and
+docs/gpu.md. Every repository path a user page quotes (``scripts/...``, ``configs/...``, ``docs/...``,
+``lab/...``, ``src/...``, ``tests/...``) exists; every relative link of a user or lab page resolves, anchors
+included. User pages open with what the reader can do, not with history, and stay short: 2,500 lines in all,
+README.md 150.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "your_model.md"
-USER_PAGES = [PAGE, ROOT / "README.md"]
+USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LAB_PAGES = sorted((ROOT / "docs" / "lab").glob("*.md"))
 MODEL_CONFIG = "configs/model/my_model.yaml"
-FENCE = re.compile(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", re.S | re.M)
+FENCE = re.compile(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```[ \t]*$", re.S | re.M)
 SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 INSTALL = re.compile(r"\.venv/bin/pip install [^`\n#]*")
 
@@ -52,7 +57,8 @@ def shell_lines(text: str) -> list[str]:
     outside = FENCE.sub("", text)
     out += [s for s in SPAN.findall(outside)  # a span with "..." or "<stage>" names a form, not a command
             if (s.startswith("make ") or "eto-train " in s or "eto_train.cli " in s) and not re.search(r"\.\.\.|<", s)]
-    return [line for line in out if line and not line.startswith("#")]
+    # a line with a <placeholder> (``eto-train results <the run's overrides> ...``) names a form, not a command
+    return [line for line in out if line and not line.startswith("#") and not re.search(r"<[\w'][^>]*>", line)]
 
 
 def commands(text: str) -> list[tuple[str, str, list[str]]]:
@@ -78,14 +84,40 @@ def commands(text: str) -> list[tuple[str, str, list[str]]]:
     return found
 
 
+# Product scripts that hand ARGS to every stage they run (or compose the stages' config with them, as the sweep
+# table does): their ARGS are checked as one stage's overrides.
+ARGS_TO_STAGES = re.compile(r"scripts/(?:demo|demo_real)\.sh \$\(ARGS\)|scripts/sweep_table\.py \$\(ARGS\)")
+
+
 def makefile_targets() -> dict[str, str | None]:
-    """target -> the eto-train stage its recipe runs (``eto_train.cli <stage>`` or ``$(TRAIN) <stage>``), or None."""
+    """target -> the eto-train stage its recipe runs (``eto_train.cli <stage>`` or ``$(TRAIN) <stage>``; a demo
+    script or the sweep table: its script), or None."""
     text = (ROOT / "Makefile").read_text()
     targets: dict[str, str | None] = {}
     for m in re.finditer(r"^([a-z][a-z0-9-]*):(?!=)[^\n]*\n((?:\t[^\n]*\n?)*)", text, re.M):
         stage = re.search(r"(?:eto_train\.cli|\$\(TRAIN\)) ([a-z-]+) \$\(ARGS\)", m.group(2))
-        targets[m.group(1)] = stage.group(1) if stage else None
+        script = ARGS_TO_STAGES.search(m.group(2))
+        targets[m.group(1)] = stage.group(1) if stage else script.group(0).split()[0] if script else None
     return targets
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """A multirun's jobs (``-m``): each ``key=a,b`` swept; every job when they are few, else each value once."""
+    import itertools
+
+    choices = [[f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")]
+               if "=" in o and "," in o.split("=", 1)[1] and "[" not in o else [o] for o in overrides]
+    jobs = [list(job) for job in itertools.product(*choices)]
+    if len(jobs) <= 16:
+        return jobs
+    return [[c[min(i, len(c) - 1)] for c in choices] for i in range(max(map(len, choices)))]
+
+
+def page_values(text: str, fixture: dict[str, str]) -> dict[str, str]:
+    """The shell variables a page sets in its code blocks (``X=...``, ``export X=...``), the fixture's first."""
+    found = dict(re.findall(r"^[ \t]*(?:export[ \t]+)?([A-Z_][A-Z0-9_]*)=(\S+)", "\n".join(
+        body for lang, body in blocks(text) if lang in ("bash", "sh", "shell")), re.M))
+    return {**found, **fixture}
 
 
 def overrides_of(words: list[str]) -> list[str]:
@@ -142,12 +174,17 @@ def problems(text: str, values: dict[str, str], tmp: Path, only: set[str] | None
     targets = makefile_targets()
     extra = searchpath_with_model_config(text, tmp)
     bad = []
+    values = page_values(text, values)
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="user_docs"):
         for line, kind, words in commands(text):
-            if only is not None and line not in only:
+            if only is not None and line not in only or line in RUN_ELSEWHERE:
                 continue
             bad += check(line, kind, words, targets, values, extra, lambda o: load(compose("config", overrides=o)))
     return bad
+
+
+# Commands a user page quotes that need more than a checkout, each run by the test named.
+RUN_ELSEWHERE = {"eto-train bc env=lamps": "tests/test_env_plugins.py (after pip install of the example plug-in)"}
 
 
 def check(line, kind, words, targets, values, extra, compose_and_load) -> list[str]:
@@ -166,6 +203,10 @@ def check(line, kind, words, targets, values, extra, compose_and_load) -> list[s
         if len(named) != 1 or targets[named[0]] is None:
             return [f"{line}: ARGS given to a target that runs no eto-train stage"]
         stage, overrides = targets[named[0]], shlex.split(assigned["ARGS"])
+        if "-m" in overrides or "--multirun" in overrides:
+            return [p for job in sweep_jobs(overrides_of(overrides))
+                    for p in check(line, kind, words[:0] + [named[0], "ARGS=" + shlex.join(job)], targets, values,
+                                   extra, compose_and_load)][:1]
     else:
         from eto_train.cli import STAGES
 
@@ -189,7 +230,7 @@ def test_the_page_quotes_commands_of_both_kinds():
     assert len(found) >= 10, [line for line, _, _ in found]
 
 
-@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_quoted_command_composes_and_validates(page, placeholders, tmp_path):
     assert problems(page.read_text(), placeholders, tmp_path) == []
 
@@ -230,3 +271,71 @@ def test_user_pages_name_tools_that_exist():
         assert "huggingface-cli" not in text, page.name
         for script in re.findall(r"\bscripts/[\w./-]+\.(?:py|sh)\b", text):
             assert (ROOT / script).is_file(), (page.name, script)
+
+
+# A path a page quotes: a word that starts at one of the repository's top folders. Forms (`<stage>`, `$(ACCEL)`,
+# `*.yaml`, `{a,b}`) and the file the reader is told to create are not paths to check.
+REPO_PATH = re.compile(r"(?<![\w./-])((?:scripts|configs|docs|lab|src|tests)/[\w./<>$(){}*,+-]*)")
+TO_CREATE = {"configs/model/my_model.yaml"}
+LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def quoted_paths(text: str) -> set[str]:
+    """Repository paths a page names, in code or in prose, trailing punctuation dropped."""
+    found = set()
+    for m in REPO_PATH.finditer(text):
+        path = m.group(1).rstrip(".,:;)")
+        if re.search(r"[<>$(){}*]", path) or path.endswith("/..."):
+            continue
+        found.add(path)
+    return found - TO_CREATE
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_a_user_page_quotes_exists(page):
+    missing = sorted(p for p in quoted_paths(LINK.sub("", page.read_text()))  # links: test_every_link_resolves
+                     if not (ROOT / p.rstrip("/")).exists() and not (page.parent / p.rstrip("/")).exists())
+    assert missing == [], (page.name, missing)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    seen: dict[str, int] = {}
+    for m in re.finditer(r"^#{1,6} +(.+?)\s*$", text, re.M):
+        s = slug(m.group(1))
+        seen[s] = seen.get(s, -1) + 1
+        yield s if seen[s] == 0 else f"{s}-{seen[s]}"
+
+
+@pytest.mark.parametrize("page", USER_PAGES + LAB_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_resolves(page):
+    """Links between user pages, from the lab to them and back: the file is there, and so is the heading."""
+    bad = []
+    for href in LINK.findall(SPAN.sub("", FENCE.sub("", page.read_text()))):
+        if re.match(r"^[a-z]+:", href):
+            continue
+        path, _, anchor = href.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists():
+            bad.append(href)
+        elif anchor and target.suffix == ".md" and anchor not in set(anchors(target)):
+            bad.append(href)
+    assert bad == [], (str(page.relative_to(ROOT)), bad)
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_user_page_opens_with_what_the_reader_can_do(page):
+    """Not with history: no "Moved from the README (...)" as a page's first words."""
+    first = next(p for p in page.read_text().split("\n\n")[1:] if p.strip())
+    assert not re.match(r"\s*(Moved from|Until |Formerly|Before issue)", first), (page.name, first[:80])
+
+
+def test_the_user_docs_stay_short():
+    lines = {p.relative_to(ROOT): len(p.read_text().splitlines()) for p in USER_PAGES}
+    assert lines[Path("README.md")] <= 150
+    assert sum(lines.values()) <= 2500, lines
