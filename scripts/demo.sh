@@ -20,7 +20,7 @@ eto-train() { "$PY" -m eto_train.cli "$@"; }
 #   model=twx_base                 BC from the shipped base models/twx-base-1.7m (a 1.73M Llama that read
 #                                  9.2M tokens of mapreader/twc transcripts; `eto-train pretrain` made it)
 #   env.splits.train.count=100     100 training tasks per game: 100 expert demonstrations x 2 games = 200
-#   bc.learning_rate=1e-3          the BC setting docs/pretrained_base.md measured from that base
+#   bc.learning_rate=1e-3          the BC setting docs/lab/pretrained_base.md measured from that base
 #   eto.iterations=2               the paper's gains came in iterations 1-2 (`eto-train eto` alone: 3)
 #   reading.split=seen, compare.splits=[seen]
 #                                  the reading precondition and the contrast variants on `seen`, which BC

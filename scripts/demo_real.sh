@@ -17,7 +17,7 @@ eto-train() { "$PY" -m eto_train.cli "$@"; }
 
 # The demo's settings (REAL_DEMO_ARGS= in the environment replaces them). A real model costs about 0.8 GFLOP per
 # trained token (6 x 135M) and 0.27 GFLOP per token played, against 60-80 GFLOP/s of this CPU (make bench-real);
-# the sizes keep the whole demo under 30 minutes on the 2-core box (measured: docs/experiments.md):
+# the sizes keep the whole demo under 30 minutes on the 2-core box (measured: docs/lab/experiments.md):
 #   model=smollm2_135m prompt=twx_eto     the real model, the paper-shaped prompt
 #   env.step_limit=10                     gold paths take 3-7 steps; a looping policy stops at 10
 #   env.splits.train.count=16             16 expert demonstrations per game = 32 conversations of ~600 tokens

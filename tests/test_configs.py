@@ -266,7 +266,7 @@ def test_makefile_launches_through_accelerate_above_one_gpu(target):
 
 
 def test_the_contrast_study_is_its_rule_and_the_demo_setting():
-    """experiment=contrast_study is the rule of docs/experiments.md: the demo's setting from the
+    """experiment=contrast_study is the rule of docs/lab/experiments.md: the demo's setting from the
     shipped base, five seeds, every arm, both 400-episode test splits."""
     from eto_train.config import load
 
@@ -306,7 +306,7 @@ REAL_STUDY_DPO = (0.1, 5e-6, 3, 4)  # beta, lr, epochs, pairs per step: the dev 
 
 
 def test_the_real_model_study_is_its_rule():
-    """experiment=real_study is the rule of docs/experiments.md ("ETO on a real chat model across seeds: the rule"):
+    """experiment=real_study is the rule of docs/lab/experiments.md ("ETO on a real chat model across seeds: the rule"):
     SmolLM2-135M-Instruct with the paper-shaped prompt, bf16 fixed up front, three seeds, the issue's arms, both
     200-episode test splits, DPO's strength from the dev diagnosis."""
     from eto_train.config import load
@@ -336,7 +336,7 @@ def test_the_real_model_study_is_its_rule():
 
 
 def test_the_real_model_study_in_units_is_its_rule():
-    """experiment=real_study2 is the rule of docs/experiments.md ("ETO on a real chat model, played in units: the
+    """experiment=real_study2 is the rule of docs/lab/experiments.md ("ETO on a real chat model, played in units: the
     rule (2026-12-06)"): real_study's setting, arms and DPO strength (rule 76994e1), fp32 everywhere, two threads,
     seeds 0-2, the results kept in docs/results/real_study2; the units are lab/real_study.sh's."""
     from eto_train.config import load

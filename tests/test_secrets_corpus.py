@@ -7,7 +7,7 @@ kinds (its generic password/token/key rules, PEM bodies and JWK structure left o
 redact.py uses was written against it. Each file is redacted as one string (an observation holding it), and a
 finding counts as redacted when no piece of it survives on its line (:func:`leaked`).
 
-``python tests/test_secrets_corpus.py`` prints the per-kind table of docs/durability.md.
+``python tests/test_secrets_corpus.py`` prints the per-kind table of docs/lab/durability_log.md.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_kingfisher_findings_are_counted_under_their_rule():
     assert r.counts == {"betterleaks.databricks-api-token": 1}
 
 
-if __name__ == "__main__":  # the table of docs/durability.md
+if __name__ == "__main__":  # the table of docs/lab/durability_log.md
     kinds, missed, seconds = coverage()
     found, total = sum(k[0] for k in kinds.values()), sum(k[1] for k in kinds.values())
     whole = sorted(k for k, v in kinds.items() if v[0] == v[1])

@@ -59,7 +59,7 @@ PACK_TOKENS = 4096    # new prompt tokens of a turn's rows fed in one packed for
 # A decode step's rows in adjacent slots share one attention call per layer (masked to each row's length)
 # while their lengths differ by at most this many positions: one call more costs about as much as a row reading
 # ~300 positions more (batch 32, 1,400-token slots: every row live, one call a row took 417 ms a step against
-# 390 ms for one masked call over all rows; 13 rows live, one call a row 277 ms; docs/bench.md)
+# 390 ms for one masked call over all rows; 13 rows live, one call a row 277 ms; docs/lab/bench.md)
 RUN_SPREAD = 256
 _forward = threading.local()  # the SlotCache of the forward in progress (decode_attention reads its shared prefix)
 STORE_ENTRIES = 8     # prompt prefixes kept per play
@@ -139,7 +139,7 @@ def _attend(q, k, v, mask, scale):
     flash-attention kernel (a private op, the one SDPA calls there; it returns the log-sum-exp);
     elsewhere, or where this torch lacks it, two matmuls. A decode step is bound by reading the
     cache: the kernel took the attention 20-30% below the matmuls alone, a whole decode step 2-3%
-    (batch 32, 885-token slots, docs/bench.md)."""
+    (batch 32, 885-token slots, docs/lab/bench.md)."""
     if q.device.type == "cpu" and _CPU_FLASH is not None:
         bias = None
         if mask is not None:
@@ -462,7 +462,7 @@ class KVBatch:
         Why: a turn's new prompt tokens come in chunks of 20-100 tokens per row (an observation, a task
         after the shared prefix), and a forward of one chunk runs the linear layers on that many rows; one
         forward of a turn's chunks runs them on ~1,500 (1.45x faster there; a real-model play's prefill
-        1.7-1.8x, docs/bench.md). Padding the chunks to a batch instead was tried and lost what it gained
+        1.7-1.8x, docs/lab/bench.md). Padding the chunks to a batch instead was tried and lost what it gained
         (commit 480bde3)."""
         out: list[torch.Tensor] = []
         group: list[tuple[int, list[int]]] = []
@@ -516,7 +516,7 @@ class KVBatch:
         A plain-attention model feeds the live rows alone, by slot (:func:`decode_attention` reads their own
         slots, adjacent ones in one call): a row whose answer ended costs nothing while the longest answer of
         the turn goes on. In an agent's turn that is most of the batch: on TextWorldExpress (answers of 5-8
-        tokens of the 16 allowed) 12.7 rows of 32 were still answering per decode step (docs/bench.md).
+        tokens of the 16 allowed) 12.7 rows of 32 were still answering per decode step (docs/lab/bench.md).
         Other models feed every row, in slot order, through their own attention over contiguous slots (a
         finished row's token lands past its end, masked, and is overwritten later)."""
         if self._decode_attention:

@@ -109,7 +109,7 @@ class Heartbeat:
 def chosen_backend(backend: str) -> str:
     """``rollout.backend`` as played: ``hf`` and ``vllm`` as they are; ``auto`` (the default) is vLLM
     whenever it is installed, the KV engine (``hf``) otherwise: the issue-35 rule, where vLLM wins it
-    is the default (the figures, its start apart: docs/bench.md). Under a multi-process launch ``auto``
+    is the default (the figures, its start apart: docs/lab/bench.md). Under a multi-process launch ``auto``
     takes vLLM only with a CUDA GPU for each process of the node (vllm_engine.own_gpu), where it can run."""
     if backend != "auto":
         return backend

@@ -11,7 +11,7 @@ In an agent's conversation most positions carry no label: the instruction, the o
 the observations and the template are masked, the agent's turns are not (BC: the loss on the
 agent's turns; DPO: the action tokens of the completions). On SmolLM2-135M (a 49,152-token vocabulary)
 the head and its log-sum-exp over every position took about a third of a BC step on the CPU
-(docs/bench.md, "where the time goes"). TRL has no option for it, so :func:`score_labelled_only`
+(docs/lab/bench.md, "where the time goes"). TRL has no option for it, so :func:`score_labelled_only`
 switches the one decision (``compact``) to "labelled positions only" on the CPU as well. Nothing
 else changes: masked positions' log-probs are zero either way, and the labelled ones are computed
 by the same tiles.

@@ -14,7 +14,7 @@ activation checkpointing recomputes the same), and put the hidden states back in
 shape (zeros at padding) for the LM head and the trainer, which keep the batch's mask for the rest.
 Every real token computes what it computes under the mask (fp32: equal to rounding). On SmolLM2-135M
 (the CPU, bf16 autocast, 4 rows with 17.5% padding) the decoder's forward and backward ran 1.36x faster than
-padded under the mask, 1.19x faster than padded and causal; BC and DPO steps 1.06-1.32x (docs/bench.md). Written by
+padded under the mask, 1.19x faster than padded and causal; BC and DPO steps 1.06-1.32x (docs/lab/bench.md). Written by
 hand: transformers unpads a masked batch itself only for flash-attention 2 (no CPU kernel), and takes packed
 rows under SDPA through a block-diagonal mask over the whole sequence (every query against every key); TRL's
 padding-free collation is SFT-only (off in its DPO, 1.16) and yields that packed form.
