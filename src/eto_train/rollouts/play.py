@@ -223,87 +223,37 @@ class Rollouts:
         policy id carries its weights' hash) is copied instead of played again, and this play is
         published there when it finishes: the jobs of a sweep that explore the same policy the
         same way play it once.
+
+        In order: the stage and its hash (:meth:`_stage`); a finished stage, or a cached copy of
+        one, taken as it is; a process other than the main one follows the main one's play
+        (:meth:`_follow`); the policy checked, then what an earlier play recorded resumed
+        (:meth:`_resume`); the rest played, here or in every rank's shard (:meth:`_play_here`,
+        :meth:`_play_shards`); the episodes merged whole (:meth:`_merge`) and the stage finished
+        (:meth:`_finish`: environment failures over the share refused, metrics, faults).
         """
         console = Console(markup=False)
         work = [w if isinstance(w, WorkItem) else WorkItem(*w) for w in work]
         keys = [w.key(self.ref.id, self.cfg.seed) for w in work]
-        # The work list's hash names the tasks played; the other splits' definitions are left out
-        # so that adding a held-out split does not invalidate (and replay) every evaluation.
-        # the work hash lists the tasks: how splits are drawn (splits, dev_holdout) and how dev
-        # is scored (metric), how many processes step the environments (workers) and the guard's
-        # bounds (call_timeout_s, max_observation_chars) do not change an episode; the adapter and
-        # its version do (environment=)
-        env_scope = {k: v for k, v in self.env_cfg.items() if k == "faults" or k not in registry.NOT_HASHED}
-        stage = Stage(name, out, {"env": env_scope, "prompt": self.cfg.prompt.plain(), "seed": self.cfg.seed,
-                                  "sampling": self.sampling, "policy": self.ref.id,
-                                  "work": config_hash(keys),
-                                  "episodes": len(work), **(extra_config or {}),
-                                  **({"backend": self.backend} if self.backend != "hf" else {})},
-                      inputs={"policy": self.path} if is_local(self.path) else {}, outputs=OUTPUTS,
-                      environment=self.identity(), refuse=self._refused)
-        file = out / layout.EPISODES
+        stage = self._stage(name, out, keys, extra_config)
         if stage.done():
-            return read_episodes(file)
+            return read_episodes(out / layout.EPISODES)
         chash, plan = config_hash(stage.config), None
+        cached = share / chash if share is not None else None
         try:
-            cached = share / chash if share is not None else None
             if cached is not None and is_main() and stage.reuse(cached, [layout.EPISODES]):
                 shutil.rmtree(out / SHARDS, ignore_errors=True)  # an interrupted play's, if any
-                return read_episodes(file)
+                return read_episodes(out / layout.EPISODES)
             if not is_main():
                 return self._follow(name, stage, work, keys)
-            # -- check, then touch: the policy (finite weights, loaded) ---------------------------------
-            rcfg = self.rollout_config()
-            self.check_policy()
-            # A finished stage's episodes stay in place while a rerun plays into stage.work (.next)
-            resumable = stage.begin()
-            file, shards = stage.work / layout.EPISODES, stage.work / SHARDS
-            # not resumable: the partial play of another config or policy, under its "running" manifest
-            # (a finished play is never here: its rerun works in .next; a damaged or missing manifest
-            # beside episodes stopped stage.done() with DamagedManifest, so nothing unvouched is deleted)
-            if not resumable:  # start clean
-                file.unlink(missing_ok=True)
-                shutil.rmtree(shards, ignore_errors=True)
-                if (stage.work / REFUSED).exists():  # a refused play's statistics go with its episodes
-                    (stage.work / layout.METRICS).unlink(missing_ok=True)
-                    (stage.work / REFUSED).unlink()
-            drop_partial_tail(file)  # a killed writer's half line must not merge with new appends
-            folded = fold_shards(file, keys)  # what the ranks of an interrupted data-parallel play recorded
-            replay_refused(name, stage.work, console)  # a play refused for its environment failures: those again
-            seen = {e.episode_id for e in read_episodes(file)} if file.exists() else set()
-            todo = [w for w, k in zip(work, keys) if k not in seen]
-            if seen:
-                console.print(f"[{name}] resuming: {len(seen)} episodes already recorded, {len(todo)} to go"
-                              + (f" ({folded} of them from the shards of a data-parallel play)" if folded else ""))
+            self.check_policy()  # check, then touch: finite weights, loaded
+            todo = self._resume(name, stage, work, keys, console)
             if self.data_parallel:
-                plan = publish_plan(name, stage, chash, [(k, w.task.task_id) for w, k in zip(work, keys)
-                                                         if k not in seen])
-                own = self._play_share(name, stage.work, plan, work, keys)
-                faults = wait_for_shards(name, shards, plan, timeout_s=max(SHARD_WAIT_S, 2 * own["seconds"]),
-                                         poll_s=min(5.0, rank_silence_s() / 4))
+                plan = publish_plan(name, stage, chash, [(k, w.task.task_id) for w, k in todo])
+                faults = self._play_shards(name, stage, plan, work, keys)
             else:
-                mark = fault_mark()
-                new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
-                with RolloutProgress(_label(name), total=len(work), done=len(work) - len(todo),
-                                     console=console) as bar:
-                    run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
-                                 on_episode=lambda ep: (append_episodes(file, [ep]), killpoints.hit(name)),
-                                 progress=bar)
-                faults = fault_summary(mark)
-            fold_shards(file, keys)  # the ranks' episodes (data-parallel) into the stage's file
-            episodes = read_episodes(file)
-            check_whole(name, keys, episodes, file)
-            fold_shards(file, keys, order=True)  # whole: in work-list order, whoever played what
-            pos = {k: i for i, k in enumerate(keys)}
-            episodes.sort(key=lambda e: pos[e.episode_id])
-            # environment failures over rollout.max_env_failure_share (or all): not done, not cached
-            refuse_failures(name, episodes, stage.work, self.settings.max_env_failure_share, self.ref.id)
-            metrics = evaluate(episodes)["overall"]
-            if self.env_cfg.get("faults"):
-                metrics["faults"] = faults  # injected by envs.faults while this play ran (every rank)
-            shutil.rmtree(shards, ignore_errors=True)  # nothing but OUTPUTS in the finished folder
-            extra = {"data_parallel": {"world_size": plan["world_size"], "played": plan["played"]}} if plan else {}
-            stage.finish(metrics, policy=self.ref.id, **extra)  # swaps a rerun's episodes in
+                faults = self._play_here(name, stage.work / layout.EPISODES, [w for w, _ in todo], len(work), console)
+            episodes = self._merge(name, stage.work / layout.EPISODES, keys)
+            self._finish(name, stage, episodes, faults, plan)  # swaps a rerun's episodes in
         except BaseException as exc:
             if plan is not None:  # the other ranks stop waiting for a merge that will not come
                 mark_failed(stage.work / SHARDS, plan, exc)
@@ -313,6 +263,90 @@ class Rollouts:
         if cached is not None:
             stage.publish(cached, [layout.EPISODES])
         return episodes
+
+    def _stage(self, name: str, out: Path, keys: list[str], extra_config: dict | None) -> Stage:
+        """The play's stage, whose config (its hash) says what the episodes depend on.
+
+        The work list's hash names the tasks played; the other splits' definitions are left out so
+        that adding a held-out split does not invalidate (and replay) every evaluation. How splits
+        are drawn (splits, dev_holdout) and how dev is scored (metric), how many processes step the
+        environments (workers) and the guard's bounds (call_timeout_s, max_observation_chars) do
+        not change an episode; the adapter and its version do (environment=)."""
+        env_scope = {k: v for k, v in self.env_cfg.items() if k == "faults" or k not in registry.NOT_HASHED}
+        return Stage(name, out, {"env": env_scope, "prompt": self.cfg.prompt.plain(), "seed": self.cfg.seed,
+                                 "sampling": self.sampling, "policy": self.ref.id,
+                                 "work": config_hash(keys),
+                                 "episodes": len(keys), **(extra_config or {}),
+                                 **({"backend": self.backend} if self.backend != "hf" else {})},
+                     inputs={"policy": self.path} if is_local(self.path) else {}, outputs=OUTPUTS,
+                     environment=self.identity(), refuse=self._refused)
+
+    def _resume(self, name: str, stage: Stage, work: list[WorkItem], keys: list[str],
+                console: Console) -> list[tuple[WorkItem, str]]:
+        """Begin the stage and keep what an earlier play of it recorded: the (item, key) pairs still to play.
+
+        A finished stage's episodes stay in place while a rerun plays into stage.work (.next). Not
+        resumable: the partial play of another config or policy, under its "running" manifest (a
+        finished play is never here: its rerun works in .next; a damaged or missing manifest beside
+        episodes stopped stage.done() with DamagedManifest, so nothing unvouched is deleted)."""
+        resumable = stage.begin()
+        file, shards = stage.work / layout.EPISODES, stage.work / SHARDS
+        if not resumable:  # start clean
+            file.unlink(missing_ok=True)
+            shutil.rmtree(shards, ignore_errors=True)
+            if (stage.work / REFUSED).exists():  # a refused play's statistics go with its episodes
+                (stage.work / layout.METRICS).unlink(missing_ok=True)
+                (stage.work / REFUSED).unlink()
+        drop_partial_tail(file)  # a killed writer's half line must not merge with new appends
+        folded = fold_shards(file, keys)  # what the ranks of an interrupted data-parallel play recorded
+        replay_refused(name, stage.work, console)  # a play refused for its environment failures: those again
+        seen = {e.episode_id for e in read_episodes(file)} if file.exists() else set()
+        todo = [(w, k) for w, k in zip(work, keys) if k not in seen]
+        if seen:
+            console.print(f"[{name}] resuming: {len(seen)} episodes already recorded, {len(todo)} to go"
+                          + (f" ({folded} of them from the shards of a data-parallel play)" if folded else ""))
+        return todo
+
+    def _play_here(self, name: str, file: Path, todo: list[WorkItem], total: int, console: Console) -> dict:
+        """One process plays ``todo`` into ``file`` (appended episode by episode); the faults injected meanwhile."""
+        rcfg = self.rollout_config()
+        mark = fault_mark()
+        new_play()  # fault attempt counts start afresh for this stage (see envs/faults.py)
+        with RolloutProgress(_label(name), total=total, done=total - len(todo), console=console) as bar:
+            run_rollouts(todo, lambda: make_env(self.env_cfg), self.policy, self.ref, self.prompt, rcfg,
+                         on_episode=lambda ep: (append_episodes(file, [ep]), killpoints.hit(name)),
+                         progress=bar)
+        return fault_summary(mark)
+
+    def _play_shards(self, name: str, stage: Stage, plan: dict, work: list[WorkItem], keys: list[str]) -> dict:
+        """Rank 0 of a data-parallel play: its own share of ``plan``, then every other rank's done; the
+        faults all of them injected."""
+        own = self._play_share(name, stage.work, plan, work, keys)
+        return wait_for_shards(name, stage.work / SHARDS, plan, timeout_s=max(SHARD_WAIT_S, 2 * own["seconds"]),
+                               poll_s=min(5.0, rank_silence_s() / 4))
+
+    @staticmethod
+    def _merge(name: str, file: Path, keys: list[str]) -> list[Episode]:
+        """The play's episodes, whole (:func:`check_whole`) and in work-list order, whoever played them:
+        the ranks' shards (data-parallel) folded into ``file`` first."""
+        fold_shards(file, keys)
+        episodes = read_episodes(file)
+        check_whole(name, keys, episodes, file)
+        fold_shards(file, keys, order=True)
+        pos = {k: i for i, k in enumerate(keys)}
+        episodes.sort(key=lambda e: pos[e.episode_id])
+        return episodes
+
+    def _finish(self, name: str, stage: Stage, episodes: list[Episode], faults: dict, plan: dict | None) -> None:
+        """Environment failures over rollout.max_env_failure_share (or all): not done, not cached
+        (:func:`refuse_failures`); else the stage's metrics (the faults injected, when any are) and done."""
+        refuse_failures(name, episodes, stage.work, self.settings.max_env_failure_share, self.ref.id)
+        metrics = evaluate(episodes)["overall"]
+        if self.env_cfg.get("faults"):
+            metrics["faults"] = faults  # injected by envs.faults while this play ran (every rank)
+        shutil.rmtree(stage.work / SHARDS, ignore_errors=True)  # nothing but OUTPUTS in the finished folder
+        extra = {"data_parallel": {"world_size": plan["world_size"], "played": plan["played"]}} if plan else {}
+        stage.finish(metrics, policy=self.ref.id, **extra)  # swaps a rerun's episodes in
 
     def _refused(self, manifest: dict, folder: Path) -> str | None:
         """Why a finished play (here or in a sweep's cache, e.g. one an older version finished) does not
@@ -582,17 +616,15 @@ def refuse_failures(name: str, episodes: list[Episode], work: Path, max_share: f
     if is_main():
         write_json(work / layout.METRICS, {**evaluate(episodes), "policy": policy})
         write_json(work / REFUSED, {"failures": len(failed), "episodes": len(episodes)})
+    kept = (f"The episodes are kept in {file}; the stage is not done (nor shared through a cache). Fix the "
+            f"environment (its server, simulator or env.call_timeout_s), then run the same command again")
     if len(failed) == len(episodes):
-        kinds = sorted({e.status for e in failed})
-        raise NothingScored(
-            f"[{name}] every one of its {len(episodes)} episodes ended as {' or '.join(kinds)} (the environment "
-            f"failed every retry, rollout.env_retries), so nothing about the policy was measured: {text}. The "
-            f"episodes are kept in {file}; the stage is not done (nor shared through a cache). Fix the environment "
-            f"(its server, simulator or env.call_timeout_s), then run the same command again: it plays them again")
-    raise EnvironmentFailures(
-        f"[{name}] {text}, over {SHARE_KEY}={max_share}. The episodes are kept in {file}; the stage is not done "
-        f"(nor shared through a cache). Fix the environment (its server, simulator or env.call_timeout_s), then run "
-        f"the same command again: it plays the failed ones again (or raise {SHARE_KEY} to accept them)")
+        kinds = " or ".join(sorted({e.status for e in failed}))
+        raise NothingScored(f"[{name}] every one of its {len(episodes)} episodes ended as {kinds} (the environment "
+                            f"failed every retry, rollout.env_retries), so nothing about the policy was measured: "
+                            f"{text}. {kept}: it plays them again")
+    raise EnvironmentFailures(f"[{name}] {text}, over {SHARE_KEY}={max_share}. {kept}: it plays the failed ones again "
+                              f"(or raise {SHARE_KEY} to accept them)")
 
 
 def replay_refused(name: str, work: Path, console: Console) -> None:
