@@ -5,7 +5,7 @@
 #   4. BC with LoRA (model=smollm2_135m_lora) on the same demonstrations, on both test splits;
 #   5. ScienceWorld, a handful of tasks: experts, BC, eval, one ETO iteration, report.
 # Run it after make demo-real (it reads runs/demo-real). Each stage skips what is done: rerun to resume.
-# Figures: docs/experiments.md#a-real-chat-model-smollm2-135m-instruct.
+# Figures: docs/lab/experiments.md#a-real-chat-model-smollm2-135m-instruct.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

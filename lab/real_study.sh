@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ETO on a real chat model, played in units (issue 52): the rule in docs/experiments.md ("ETO on a real chat model,
+# ETO on a real chat model, played in units (issue 52): the rule in docs/lab/experiments.md ("ETO on a real chat model,
 # played in units: the rule (2026-12-06)"), configs/experiment/real_study2.yaml. Run it from a worktree pinned at the
 # rule's commit; every step skips what is done: rerun a unit to resume it on the same machine.
 #
