@@ -62,13 +62,9 @@ def expert_episodes(twx_cfg, prompt):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, expert_episodes):
-    from eto_train.model.tiny import build_tiny_model, save, train_tokenizer
     from eto_train.records import to_messages
+    from fixture_models import tiny_model
 
     texts = [m["content"] for ep in expert_episodes for m in to_messages(ep)]
-    tok = train_tokenizer(texts, vocab_size=400, min_frequency=1)
-    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                             max_position_embeddings=1024, seed=0)
-    out = tmp_path_factory.mktemp("tiny")
-    save(model, tok, out)
-    return out
+    return tiny_model(texts, tmp_path_factory.mktemp("tiny"), vocab_size=400, num_layers=2,
+                      max_position_embeddings=1024)

@@ -45,6 +45,18 @@ FAMILIES = {f.name: f for f in (
 )}
 
 
+def tiny_model(texts: list[str], out: Path, vocab_size: int, num_layers: int, max_position_embeddings: int) -> Path:
+    """The package's own offline tiny model (eto_train.model.tiny: a BPE trained on ``texts``, ChatML, a Llama of
+    hidden size 32, two heads, MLP 64, seed 0) saved in ``out``."""
+    from eto_train.model.tiny import build_tiny_model, save, train_tokenizer
+
+    tok = train_tokenizer(texts, vocab_size=vocab_size, min_frequency=1)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=num_layers, num_heads=2, intermediate_size=64,
+                             max_position_embeddings=max_position_embeddings, seed=0)
+    save(model, tok, out)
+    return out
+
+
 def build_fixture_model(family: str, out: str | Path, hidden_size: int = 32, num_layers: int = 2,
                         num_heads: int = 4, intermediate_size: int = 64, max_position_embeddings: int = 4096,
                         seed: int = 0, source: str | Path = TOKENIZERS) -> Path:

@@ -28,21 +28,10 @@ class AgentGymServer(Server):
         self.protocol, self.flags = protocol, flags
         super().__init__(folder)
 
-    def _start(self):
-        import socket
-        import subprocess
-        import time
+    name = "AgentGym"
 
-        proc = subprocess.Popen([sys.executable, str(SERVER), str(self.port), self.protocol, str(self.trigger),
-                                 *self.flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return proc
-            time.sleep(0.05)
-        proc.kill()
-        raise RuntimeError("the AgentGym test server did not start")
+    def command(self) -> list[str]:
+        return [sys.executable, str(SERVER), str(self.port), self.protocol, str(self.trigger), *self.flags]
 
 
 def gold(idx: int) -> list[str]:
@@ -129,41 +118,16 @@ def trained(server, tmp_path_factory):
 
 
 def test_bc_eto_iter_eval_against_an_agentgym_server(server, trained):
-    cli("eto-iter", trained, server.url, "eto.explore.rollout.generation.do_sample=true",
-        "eto.explore.rollout.generation.temperature=5.0")
-    cli("eval", trained, server.url)
-    run = trained / "ag"
-    experts = [json.loads(line) for line in (run / "experts" / "train.jsonl").read_text().splitlines()]
+    experts = AG.eto_iter_and_eval(server, trained)
     assert sorted(e["task_id"] for e in experts) == [f"sciworld_{i}" for i in range(4)]  # AgentTraj ids bound
-    assert json.loads((run / "eto" / "iter1" / "dpo" / "manifest.json").read_text())["status"] == "done"
-    m = AG.metrics(trained, "bc", "seen")
-    assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
 
 
 def test_a_server_killed_mid_episode_is_recovered_when_it_comes_back(server, trained):
-    before = len(server.exits)
-    m, episodes = AG.killed_eval(server, trained, "killed_back")
-    assert server.exits[before:] == [17]
-    assert m["overall"]["episodes"] == 2 and m["overall"]["environment_failures"] == 0
-    assert m["overall"]["environment_errors"] >= 1 and m["overall"]["recovered_episodes"] >= 1
+    AG.recovered_eval(server, trained)
 
 
 def test_a_server_that_stays_dead_ends_its_episodes_as_environment_failures(server, trained):
-    server.restart = False
-    try:
-        # one connection attempt per instance: the dead server is named at once (the rollout still retries)
-        m, episodes = AG.killed_eval(server, trained, "killed_dead", "env.retries=0", code=2)
-    finally:
-        server.restart = True
-    failed = [e for e in episodes if e["status"] == "environment_failure"]
-    assert failed and m["overall"]["environment_failures"] == len(failed)
-    # every episode failed: nothing about the policy was measured, so the command says so, exit 2 (issue 37)
-    assert len(failed) == len(episodes) and "NothingScored: [eval/killed_dead/seen] every one of its" in \
-        AG.last.stderr
-    assert any("EnvironmentFailure" in err for e in failed for err in e["env_errors"])
-    from eto_train.records import NOT_POLICY_FAULT
-
-    assert "environment_failure" in NOT_POLICY_FAULT
+    AG.dead_eval(server, trained, "env.retries=0")
 
 
 # -- load: 64 episodes, 4 connections, a slow server that drops connections ------------------------

@@ -33,16 +33,12 @@ def make_episode(i: int = 0, action: str | None = "go", status: str = "success")
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
     """A tiny model folder built in a second (no environment needed)."""
-    from eto_train.model.tiny import build_tiny_model, save, train_tokenizer
+    from fixture_models import tiny_model
 
     texts = ["Task: reach the goal\nObservation: a room with a door", "Action: go", "Action: wait",
              "You are an agent in a text environment."] * 10
-    tok = train_tokenizer(texts, vocab_size=300, min_frequency=1)
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                             max_position_embeddings=512, seed=0)
-    out = tmp_path_factory.mktemp("small_model")
-    save(model, tok, out)
-    return out
+    return tiny_model(texts, tmp_path_factory.mktemp("small_model"), vocab_size=300, num_layers=1,
+                      max_position_embeddings=512)
 
 
 # -- JSONL episode files ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from eto_train.records import PolicyRef
 from eto_train.rollouts.loop import Policy, RolloutConfig, WorkItem, run_rollouts
 
 import goal_env
+from episodes import untimed
 from fixture_settings import env_file, generation, react_prompt, rollout_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,16 +55,6 @@ class HashPolicy:
             h = hashlib.sha256(repr(c).encode()).digest()[0]
             out.append((f"Action: {self.actions[0] if h < 180 else self.actions[h % len(self.actions)]}", 10, 3, 0))
         return out
-
-
-def _same(eps):
-    """Episodes without their timing, by id."""
-    out = []
-    for e in eps:
-        d = e.to_dict()
-        d["steps"] = [{**st, "latency_s": 0, "env_s": 0} for st in d["steps"]]
-        out.append(d)
-    return sorted(out, key=lambda d: d["episode_id"])
 
 
 def _descendants() -> dict[int, str]:
@@ -117,7 +108,7 @@ def test_twx_episodes_and_faults_are_the_same_with_workers(tiny_model_dir, twx_c
         run_rollouts(work, lambda: make_env(env_cfg), Policy(model, tok, generation(max_new_tokens=8)), ref,
                      prompt, rollout_config(batch_size=5, env_retries=2, overlap_env=overlap), on_episode=on_episode)
         events = [(e.task_id, e.call, e.attempt, e.kind, e.where) for e in INJECTED[mark:]]
-        return _same(eps), events, set(seen) - set(before)
+        return untimed(eps), events, set(seen) - set(before)
 
     for overlap in (True, False):  # rows sent as they finish decoding (on_row), or after the batch
         in_process, faults0, _ = play(0, overlap)
@@ -143,7 +134,7 @@ def test_sciworld_episodes_are_the_same_with_workers(prompt):
     eps0 = _rollout(work, lambda: make_env({**cfg, "workers": 0}), policy, rollout_config(batch_size=3))
     seen: dict[int, str] = {}
     eps2 = _rollout(work, lambda: make_env({**cfg, "workers": 2}), policy, rollout_config(batch_size=3), seen)
-    assert len(eps0) == 3 and _same(eps2) == _same(eps0)
+    assert len(eps0) == 3 and untimed(eps2) == untimed(eps0)
     assert {e.num_steps for e in eps0} == {3} and all(not e.env_errors for e in eps0)
     spawned = set(seen) - set(before)
     assert sum("java" in seen[p] for p in spawned) == 2  # each worker's own JVM
@@ -174,7 +165,7 @@ def test_a_worker_that_raises_is_an_environment_failure_as_in_process(monkeypatc
     assert "the worker's traceback" in failed.error and ", reset(Task(" in failed.error
     assert 'raise EnvironmentFailure(f"simulator died on seed {task.seed}")' in failed.error  # the worker's line
     # the rest of the record is the in-process one
-    assert _untraced(_same(hosted)) == _same(in_process)
+    assert _untraced(untimed(hosted)) == untimed(in_process)
 
 
 def _untraced(records):
@@ -229,7 +220,7 @@ def test_a_worker_killed_mid_rollout_is_recovered_by_replay(monkeypatch):
     hit = [e for e in eps if e.env_errors]
     assert hit and all(f"env worker 0 (pid {killed[0]}) died" in e.env_errors[0] for e in hit)
     assert all(e.status != "environment_failure" for e in eps)
-    assert [{**d, "env_errors": []} for d in _same(eps)] == _same(clean)
+    assert [{**d, "env_errors": []} for d in untimed(eps)] == untimed(clean)
 
 
 def test_a_hung_worker_is_an_environment_timeout_not_a_hang():
@@ -336,7 +327,7 @@ def test_work_items_with_an_expert_prefix_play_the_same_with_workers(monkeypatch
         hosted = _rollout(work, lambda: FaultyWorkerEnv(pool.env(), faults, l2), HashPolicy(),
                           rollout_config(batch_size=6, env_retries=2))
     assert l0.events and l2.events == l0.events
-    assert _same(hosted) == _same(in_process)
+    assert untimed(hosted) == untimed(in_process)
 
 
 CHILD = """

@@ -24,6 +24,7 @@ from eto_train.experts import expert_episode
 from eto_train.records import NOT_POLICY_FAULT, PolicyRef
 from eto_train.rollouts.loop import WorkItem, run_rollouts
 
+from episodes import untimed
 from goal_env import GoalEnv
 from fixture_settings import react_prompt, rollout_config
 
@@ -112,9 +113,9 @@ def test_a_recovered_episode_is_the_episode_a_fault_free_run_records(sleeps):
     faulty, ledger = play(work, retries=3, policy=HashPolicy())
     recovered = [e for e in faulty if e.env_errors and e.status != "environment_failure"]
     assert len(recovered) >= 5 and any(ev.where == "step" and ev.call >= 2 for ev in ledger.events)
-    by_id = {d["episode_id"]: d for d in _same(clean)}
+    by_id = {d["episode_id"]: d for d in untimed(clean)}
     for e in recovered:
-        d = _same([e])[0]
+        d = untimed([e])[0]
         assert d.pop("env_errors") and not by_id[e.episode_id].pop("env_errors")
         assert d == by_id[e.episode_id], e.episode_id
 
@@ -167,16 +168,6 @@ def test_a_replay_that_diverges_from_the_record_is_an_environment_failure(sleeps
     assert len(ep.env_errors) == 3 and "after 2 retries" in ep.error
 
 
-def _same(eps):
-    """Episodes without their timing (latency is wall-clock)."""
-    out = []
-    for e in eps:
-        d = e.to_dict()
-        d["steps"] = [{**st, "latency_s": 0, "env_s": 0} for st in d["steps"]]
-        out.append(d)
-    return sorted(out, key=lambda d: d["episode_id"])
-
-
 def test_faults_are_deterministic_and_independent_of_parallel_order(sleeps):
     work = [(t, 0) for t in GoalEnv().tasks("train")]
 
@@ -186,9 +177,9 @@ def test_faults_are_deterministic_and_independent_of_parallel_order(sleeps):
 
     a, eps_a = run(4)
     b, eps_b = run(4)
-    assert a and a == b and _same(eps_a) == _same(eps_b)
+    assert a and a == b and untimed(eps_a) == untimed(eps_b)
     c, eps_c = run(1)  # other parallel order: the same faults, the same episodes
-    assert a == c and _same(eps_a) == _same(eps_c)
+    assert a == c and untimed(eps_a) == untimed(eps_c)
     d, _ = run(4, {**FAULTS, "crash": {"rate": 0.1, "seed": 99}})  # another seed, other faults
     assert d != a
 

@@ -20,14 +20,12 @@ The kill points ``<stage>/save:1`` (weights and config written, no tokenizer yet
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from background import Background, eto_train, one_thread_env
 from test_pipeline import ROOT, TOY
 
 from eto_train.model.load import CheckpointError
@@ -37,30 +35,13 @@ from eto_train.training.save import check_policy
 ITER = ["eto.iterations=1"]
 
 
-class Cli:
-    """``eto-train <stage>`` on the toy run in the background; output to a file (a killed process
-    leaves no pipe open), its own process group (stopped whole)."""
+class Cli(Background):
+    """``eto-train <stage>`` on the toy run in the background (tests/background.py)."""
 
     def __init__(self, stage: str, runs: Path, *extra: str, kill_at: str | None = None):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        env.pop("ETO_TRAIN_KILL_AT", None)
-        if kill_at:
-            env["ETO_TRAIN_KILL_AT"] = kill_at
-        self.log = runs / f"{stage}-{len(list(runs.glob('*.log')))}.log"
-        cmd = [sys.executable, "-m", "eto_train.cli", stage, f"paths.runs={runs}", "run_name=toy", *TOY, *extra]
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def wait(self, timeout: float = 300) -> tuple[int, str]:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        finally:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return rc, self.log.read_text(errors="replace")
+        log = runs / f"{stage}-{len(list(runs.glob('*.log')))}.log"
+        super().__init__(eto_train(stage, f"paths.runs={runs}", "run_name=toy", *TOY, *extra), log,
+                         one_thread_env(kill_at))
 
 
 def cli(stage: str, runs: Path, *extra: str, kill_at: str | None = None) -> tuple[int, str]:

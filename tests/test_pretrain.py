@@ -13,14 +13,12 @@ import dataclasses
 
 import hashlib
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from background import Background, eto_train, one_thread_env
 from fixture_settings import react_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,31 +246,12 @@ def test_lm_scorer_equals_a_full_forward_per_candidate():
 
 # -- the stage ---------------------------------------------------------------------------------
 
-class Run:
-    """`eto-train pretrain` in the background; output to a file (a killed process holds no pipe)."""
+class Run(Background):
+    """`eto-train pretrain` in the background (tests/background.py)."""
 
     def __init__(self, runs: Path, log: Path, kill_at: str | None = None):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        env.pop("ETO_TRAIN_KILL_AT", None)
-        if kill_at:
-            env["ETO_TRAIN_KILL_AT"] = kill_at
-        self.dir, self.log = runs / "toy" / "pretrain", log
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "eto_train.cli", "pretrain", f"paths.runs={runs}", *TOY],
-                                         cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait(self, timeout: float = 300) -> tuple[int, str]:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        finally:
-            self.stop()
-        return rc, self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        try:  # its process group: the JVM goes with it
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self.dir = runs / "toy" / "pretrain"
+        super().__init__(eto_train("pretrain", f"paths.runs={runs}", *TOY), log, one_thread_env(kill_at))
 
 
 @pytest.fixture(scope="module", autouse=True)

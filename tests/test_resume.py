@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_pipeline import ROOT, TOY
+from background import Background, eto_train, one_thread_env
+from test_pipeline import TOY
 
 from eto_train.training.resume import resume_checkpoint
 
@@ -32,34 +30,13 @@ _SET = ["bc.max_steps=3", "bc.save_steps=2", "eto.dpo.max_steps=2", "eto.dpo.sav
 DEMO = [o for o in TOY if o.split("=")[0] not in {x.split("=")[0] for x in _SET}] + _SET
 
 
-class Demo:
-    """The toy demo as a background process; output goes to a file, not a pipe, so that
-    nothing left behind by a killed process can hold a pipe open."""
+class Demo(Background):
+    """The toy demo in the background (tests/background.py)."""
 
     def __init__(self, runs: Path, log: Path, kill_at: str | None = None):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        env.pop("ETO_TRAIN_KILL_AT", None)
-        if kill_at:
-            env["ETO_TRAIN_KILL_AT"] = kill_at
-        cmd = [sys.executable, "-m", "eto_train.cli", "demo", f"paths.runs={runs}", "run_name=toy", *DEMO]
-        self.run_dir, self.log = runs / "toy", log
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def wait(self, timeout: float = 600) -> tuple[int, str]:
-        """(exit status, output)."""
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        finally:
-            self.stop()
-        return rc, self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        try:  # the demo's own process group: a JVM orphaned by a kill goes with it
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self.run_dir = runs / "toy"
+        super().__init__(eto_train("demo", f"paths.runs={runs}", "run_name=toy", *DEMO), log, one_thread_env(kill_at),
+                         timeout=600)
 
 
 def demo(runs: Path, log: Path, kill_at: str | None = None) -> tuple[int, str]:

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import time
 from pathlib import Path
 
 import pytest
+from background import Background, one_thread_env
 from test_pipeline import ROOT, TOY
 
 pytestmark = pytest.mark.rehearse
@@ -78,33 +78,19 @@ def _syscalls() -> list[str]:
                                                capture_output=True).returncode == 0]
 
 
-class Machine:
+class Machine(Background):
     """One machine of two: ``accelerate launch --num_machines 2 --machine_rank <rank>`` of one process,
-    in its own process group, traced by ``strace -ff`` (one file per process) into ``trace``."""
+    in the background (tests/background.py), traced by ``strace -ff`` (one file per process) into ``trace``."""
 
     def __init__(self, tmp: Path, rank: int, port: int, trace: Path, stage: str, *extra: str, env=None):
         trace.mkdir(parents=True, exist_ok=True)
-        self.log = trace.parent / f"{trace.name}.log"
         launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(_accelerate_config(tmp)),
                   "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
                   "--main_process_port", str(port), "--num_processes", "2", "-m", "eto_train.cli",
                   *_args(tmp, stage, *extra)]
         strace = ["strace", "-ff", "-qq", "-e", "trace=" + ",".join(_syscalls()), "-o", str(trace / "t")]
-        full_env = {k: v for k, v in os.environ.items() if k != "ETO_TRAIN_KILL_AT"}
-        full_env |= {"OMP_NUM_THREADS": "1", "ETO_TRAIN_RANK_SILENCE_S": str(SILENCE_S), **(env or {})}
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([*strace, *launch], cwd=ROOT, env=full_env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait(self, timeout: float = 900) -> tuple[int, str]:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        finally:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return rc, self.log.read_text(errors="replace")
+        super().__init__([*strace, *launch], trace.parent / f"{trace.name}.log",
+                         one_thread_env(**{"ETO_TRAIN_RANK_SILENCE_S": str(SILENCE_S), **(env or {})}), timeout=900)
 
 
 def _two(tmp: Path, stage: str, *extra: str, env1=None, during=None) -> list[tuple[int, str]]:
