@@ -489,6 +489,19 @@ def test_model_selection_settings_are_checked_without_the_environment(overrides,
         load(compose(overrides))
 
 
+def test_a_compare_arm_meets_the_same_selection_and_contrast_rules_as_eto():
+    """config.eto_problems decides them for the run's eto and for each arm: an arm's own override is named at its
+    key; a value it inherits from eto is named once, at eto's."""
+    errors = errors_of(compose(["+compare.arms.mine={dev_split: seen}",
+                                "+compare.arms.greedy={explore: {samples: 1}, pairs: {contrast: anchor}}"]))
+    text = "\n".join(errors)
+    assert "compare.arms.mine.dev_split='seen': a split held out of training (env.dev_holdout)" in text, text
+    assert "compare.arms.greedy.explore.samples=1: an integer >= 2 with eto.pairs.contrast=anchor" in text, text
+    inherited = errors_of(compose(["eto.dev_split=train"]))
+    assert [e for e in inherited if "dev_split" in e] == [
+        "eto.dev_split='train': a split held out of training, not the split ETO explores (eto.explore.split)"]
+
+
 def test_bad_pretrain_values_are_named_at_once():
     errors = errors_of(compose(["pretrain.data.heldout.fold=train", "pretrain.data.heldout.start=800",
                                 "pretrain.train.seq_len=2048", "pretrain.data.kinds={gold:0,random:0,detour:0}",

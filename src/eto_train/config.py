@@ -1,7 +1,9 @@
 """The typed config: one pydantic model per section of configs/, validated once (:func:`load`).
 
-Every stage's ``run(cfg)`` starts with ``cfg = typed(cfg)`` and the CLI calls :func:`load` once,
-so a bad value fails before a model, an environment or a stage folder is opened, and every bad
+The CLI calls :func:`load` once and hands the stage the typed :class:`Config`; a stage's entry
+(``run(cfg)``, the functions a test or a script calls with a composed DictConfig) starts with
+``cfg = typed(cfg)``, and its steps (ETO's explore, pairs, dpo, ...) take the Config as given.
+So a bad value fails before a model, an environment or a stage folder is opened, and every bad
 key is named at once: one :class:`ConfigError` with a line ``<dotted.key>=<value>: <what is
 allowed>`` per key (the text comes from the field's :class:`Rule`, so the message and the check
 are one declaration). Stage code reads attributes (``cfg.bc.learning_rate``, ``cfg.paths.bc``).
@@ -528,37 +530,61 @@ class ETOSection(Section):
     pairs: Part(Pairs, "{contrast, chosen, extra_turns, ...}")
     dpo: Part(DPOSection, "DPOConfig arguments under TRL's names")
 
-    @model_validator(mode="after")
-    def _selection(self):
-        dev = self.dev_split
-        if dev is None and self.early_stopping:
-            raise problem(("dev_split", "! is null but eto.early_stopping is true: early stopping selects on a dev split "
-                                        "(set eto.dev_split=dev with env.dev_holdout > 0, or eto.early_stopping=false)"))
-        if dev is not None and is_test_name(dev):
-            raise problem(("dev_split", "a split held out of training (env.dev_holdout), not a test split (seen, "
-                                        "unseen, test*): model selection must not look at a test split"))
-        if dev is not None and dev == self.explore.split:
-            raise problem(("dev_split", "a split held out of training, not the split ETO explores "
-                                        "(eto.explore.split)"))
-        return self
 
-    @model_validator(mode="after")
-    def _anchor(self):
-        """contrast=anchor pairs actions at the states several sampled episodes of a task share (no
-        extra rollouts, no expert side; ``chosen`` reads as for every contrast: expert|both build
-        the contrast's pairs, self|both the whole-episode self pairs). A do_sample left to
-        rollout.generation is checked in Config._across, where both are seen."""
-        if not contrast_kind(self.pairs.contrast).sampled_states:
-            return self
-        bad, why = [], "with eto.pairs.contrast=anchor (anchor states are the states several samples of a task share"
-        if self.explore.samples < 2:
-            bad.append(("explore.samples", f"an integer >= 2 {why})"))
-        gen = self.explore.rollout.generation
-        if gen is not None and gen.do_sample is False:
-            bad.append(("explore.rollout.generation.do_sample", f"true {why}: greedy samples are one episode)"))
-        if bad:
-            raise problem(*bad)
-        return self
+def eto_problems(eto: ETOSection, tests: list[str], rollout: RolloutSection) -> list[tuple[str, str]]:
+    """What the config decides about one ETO loop (``eto``, with the run's ``eval.splits`` = ``tests`` and its
+    ``rollout``): which split may select its iterations, and what its contrast kind needs of exploration. The
+    one place these are decided; ``(key, allowed)`` per bad key, keys from the config's root (``eto.*``, and
+    ``rollout.*`` where exploration inherits it). Called by :meth:`Config._across` for the run's ``eto`` and for
+    each compare arm's (its ``eto.*`` keys). The dev split's tasks against training and test are the
+    environment's: checked before any work, stages/eto/loop.check_selection."""
+    return _selection_problems(eto, tests) + _contrast_problems(eto, rollout)
+
+
+def _selection_problems(eto: ETOSection, tests: list[str]) -> list[tuple[str, str]]:
+    """Which split may select: ``eto.dev_split`` is set when early stopping selects on it, and is never a test
+    split (by the project's names, or one of ``eval.splits``) nor the split ETO explores."""
+    dev = eto.dev_split
+    if dev is None:
+        return [] if not eto.early_stopping else [(
+            "eto.dev_split", "! is null but eto.early_stopping is true: early stopping selects on a dev split (set "
+                             "eto.dev_split=dev with env.dev_holdout > 0, or eto.early_stopping=false)")]
+    if is_test_name(dev):
+        return [("eto.dev_split", "a split held out of training (env.dev_holdout), not a test split (seen, unseen, "
+                                  "test*): model selection must not look at a test split")]
+    if dev == eto.explore.split:
+        return [("eto.dev_split", "a split held out of training, not the split ETO explores (eto.explore.split)")]
+    if dev in tests:
+        return [("eto.dev_split", f"= is one of eval.splits={render(tests)}: model selection must not look at a "
+                                  "test split (use a dev split held out of training, env.dev_holdout)")]
+    return []
+
+
+def _contrast_problems(eto: ETOSection, rollout: RolloutSection) -> list[tuple[str, str]]:
+    """What the contrast kind needs of exploration (contrasts.Contrast): ``sampled_states`` (anchor) pairs actions
+    at the states several sampled episodes of a task share, so it needs ``explore.samples`` >= 2 and sampling
+    (``do_sample`` true in eto.explore.rollout.generation, or left to rollout.generation and true there). No
+    extra rollouts, no expert side; ``chosen`` reads as for every contrast (expert|both build the contrast's
+    pairs, self|both the whole-episode self pairs)."""
+    if not contrast_kind(eto.pairs.contrast).sampled_states:
+        return []
+    bad, why = [], "with eto.pairs.contrast=anchor (anchor states are the states several samples of a task share"
+    if eto.explore.samples < 2:
+        bad.append(("eto.explore.samples", f"an integer >= 2 {why})"))
+    gen = eto.explore.rollout.generation  # over rollout.generation, as RolloutSection.merged
+    if gen is not None and gen.do_sample is False:
+        bad.append(("eto.explore.rollout.generation.do_sample", f"true {why}: greedy samples are one episode)"))
+    elif (gen is None or gen.do_sample is None) and not rollout.generation.do_sample:
+        bad.append(("rollout.generation.do_sample", "= (eto.explore.rollout.generation.do_sample unset): true in "
+                                                    f"either {why}: greedy samples are one episode)"))
+    return bad
+
+
+def _arm_line(key: str, text: str, value: Any) -> str:
+    """An arm's problem as :func:`eto_train.config_errors.error_lines` writes a line: ``key`` and its words."""
+    if text.startswith("!"):
+        return key + text[1:]
+    return f"{key}={render(value)}{text[1:]}" if text.startswith("=") else f"{key}={render(value)}: {text}"
 
 
 # prompt, compare, reading, export -------------------------------------------------------------------
@@ -897,23 +923,20 @@ class Config(Section):
                     bad.append((f"{key}.generation.{where}",
                                 f"a number > 0 when {key}.generation.do_sample is true" if where == "temperature" else
                                 f"false while rollout.generation.temperature={temp} (a temperature > 0 to sample)"))
-        dev, tests = self.eto.dev_split, list(self.eval.splits)
-        if dev is not None and dev in tests:
-            bad.append(("eto.dev_split", f"= is one of eval.splits={render(tests)}: model selection must not look at "
-                                         "a test split (use a dev split held out of training, env.dev_holdout)"))
-        gen = self.eto.explore.rollout.generation  # over rollout.generation, as RolloutSection.merged
-        if contrast_kind(self.eto.pairs.contrast).sampled_states and (gen is None or gen.do_sample is None) \
-                and not self.rollout.generation.do_sample:
-            bad.append(("rollout.generation.do_sample", "= (eto.explore.rollout.generation.do_sample unset): true in "
-                                                        "either with eto.pairs.contrast=anchor (anchor states are the "
-                                                        "states several samples of a task share: greedy samples are "
-                                                        "one episode)"))
+        tests, own = list(self.eval.splits), eto_problems(self.eto, list(self.eval.splits), self.rollout)
+        bad += own
         for name, arm in self.compare.arms.items():  # each arm's eto section, as its run will validate it
+            merged = merge_overrides(self.eto.model_dump(mode="python", exclude_unset=True), arm)
             try:
-                ETOSection.model_validate(merge_overrides(self.eto.model_dump(mode="python", exclude_unset=True), arm))
+                arm_eto = ETOSection.model_validate(merged)
             except ValidationError as exc:
-                merged = merge_overrides(self.eto.model_dump(mode="python", exclude_unset=True), arm)
                 bad += [(f"compare.arms.{name}.{k}", "!" + line[len(k):]) for k, line in error_lines(exc, ETOSection, merged)]
+                continue
+            for key, text in eto_problems(arm_eto, tests, self.rollout):  # an arm sets eto keys only; what it
+                if key.startswith("eto.") and (key, text) not in own:          # inherits is named once, above
+                    k = key.removeprefix("eto.")
+                    line = _arm_line(k, text, lookup(merged, k.split(".")))
+                    bad.append((f"compare.arms.{name}.{k}", "!" + line[len(k):]))
         if self.pretrain is not None:
             seeds = _pretrain_seeds_error(self)
             if seeds:
@@ -1074,7 +1097,8 @@ def load(cfg: Any) -> Config:
 
 
 def typed(cfg: Any) -> Config:
-    """``cfg`` as a validated :class:`Config`: itself when it is one, else :func:`load` (a stage
-    function called directly with a DictConfig, by a test or a script)."""
+    """``cfg`` as a validated :class:`Config`: itself when it is one (the CLI's), else :func:`load` (a
+    stage's entry called directly with a DictConfig, by a test or a script). A stage's steps take the
+    Config their entry typed."""
     return cfg if isinstance(cfg, Config) else load(cfg)
 
