@@ -33,13 +33,14 @@ CONTROL_SCRIPT = """
 import json, sys
 from pathlib import Path
 from hydra import compose, initialize_config_dir
+from eto_train.config import load
 from eto_train.pairs import Pair
 from eto_train.stages import compare
 from eto_train.stages.eto import dpo
 
 overrides, policy, variant_dir, out = json.loads(sys.argv[1])
 with initialize_config_dir(sys.argv[2], version_base="1.3", job_name="control"):
-    cfg = compose("config", overrides=overrides)
+    cfg = load(compose("config", overrides=overrides))
 lines = (Path(variant_dir) / "pairs" / "pairs.jsonl").read_text().splitlines()
 vpairs = [Pair(**json.loads(x)) for x in lines]
 trained = dpo.run(cfg, 1, policy, vpairs, Path(variant_dir))  # up to date: the variant's DPO as it ran
@@ -50,8 +51,10 @@ compare.sft_control(cfg, policy, vpairs, trained, Path(variant_dir), Path(out))
 def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
+    from eto_train.config import load
+
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="control"):
-        return compose("config", overrides=overrides)
+        return load(compose("config", overrides=overrides))  # the typed config, as the CLI gives a stage
 
 
 def _pairs(expert_episodes, policy_id: str):

@@ -20,6 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from eto_train import layout
+from eto_train.config import load
 from eto_train.envs import Task, make_env
 from eto_train.envs.holdout import HoldoutEnv, check_dev_config, choose_holdout
 from eto_train.stages.eto import loop as eto
@@ -265,8 +266,9 @@ def test_without_early_stopping_a_dev_split_is_evaluated_but_selects_nothing(fak
 
 def test_an_iteration_without_dev_split_evaluates_nothing(monkeypatch, tmp_path):
     cfg = compose([f"paths.runs={tmp_path}", "eto=paper"])
-    monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, out: ([], []))
-    monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, explored, cont, out: ["a pair"])
+    monkeypatch.setattr(eto, "usable_experts", lambda path, env: {})
+    monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, experts, out: ([], []))
+    monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, experts, explored, cont, out: ["a pair"])
     monkeypatch.setattr(eto.dpo, "run", lambda cfg, k, policy, pairs, out: eto.dpo.DPOResult("new-policy", {}, {}))
 
     def no_eval(*a, **k):
@@ -282,8 +284,9 @@ def test_an_iteration_without_a_pair_stops_before_dpo(monkeypatch, tmp_path):
     """ETO and compare share explore -> pairs -> DPO (eto.explore_pair_train); no pair means no DPO there, and an
     ETO iteration then stops naming the pairs' stats (compare keeps the arm at BC instead)."""
     cfg = compose([f"paths.runs={tmp_path}", "eto=paper"])
-    monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, out: ([], []))
-    monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, explored, cont, out: [])
+    monkeypatch.setattr(eto, "usable_experts", lambda path, env: {})
+    monkeypatch.setattr(eto.explore, "run", lambda cfg, k, policy, experts, out: ([], []))
+    monkeypatch.setattr(eto.pairs, "run", lambda cfg, k, experts, explored, cont, out: [])
 
     def no_dpo(*a, **k):
         raise AssertionError("DPO trained on no pairs")
@@ -322,5 +325,5 @@ def test_selection_settings_are_checked_before_any_work(overrides, message, tmp_
     (["eto=paper"], (None, "success_rate", False)),
 ])
 def test_valid_selection_settings_pass(overrides, expected):
-    sel = eto.check_selection(compose(overrides))
+    sel = eto.check_selection(load(compose(overrides)))  # a stage's steps get the typed config
     assert (sel.dev_split, sel.metric, sel.early_stopping) == expected

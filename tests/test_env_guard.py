@@ -228,7 +228,7 @@ def _explore(tmp_path, policy, *overrides):
     cfg = compose(tmp_path, "env.misbehave=envfail", "rollout.env_retries=0", "eto.explore.tasks_per_game=2",
                   *overrides)
     out = tmp_path / "runs" / "r" / "eto" / "iter1"
-    return explore.run(cfg, 1, str(policy), out)[0], out / "explore", tmp_path / "runs" / "r" / "cache" / "explore"
+    return explore.run(cfg, 1, str(policy), {}, out)[0], out / "explore", tmp_path / "runs" / "r" / "cache" / "explore"
 
 
 def _cached(cache: Path) -> list[Path]:

@@ -89,3 +89,9 @@ def read_experts(path, env: str | None = None) -> list[Episode]:
                     f"environment (`eto-train experts` with this run's overrides; experts.source= a file of "
                     f"{env!r} or gold) or point paths.experts at this environment's file")
     return episodes
+
+
+def usable_experts(path, env: str | None = None) -> dict[str, Episode]:
+    """The :func:`usable` expert episodes of ``path`` (:func:`read_experts`), by task id: what ETO's
+    exploration plays from and its pairs compare with (read once per iteration)."""
+    return {e.task_id: e for e in read_experts(path, env) if usable(e)}

@@ -99,6 +99,13 @@ def _split(ep: Episode, max_turns: int | None = None) -> tuple[list[dict], list[
     return msgs[:n], msgs[n:]
 
 
+def _max_turns(base: Episode, extra_turns: int | None) -> int | None:
+    """The actions a rejected side keeps (``max_turns`` of :func:`_split`): ``base``'s (the expert's; for a
+    self pair the best episode's) plus ``extra_turns`` (``eto.pairs.extra_turns``); None (not cut) when that
+    is None."""
+    return None if extra_turns is None else base.num_steps + extra_turns
+
+
 def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int | None = 5,
                     rejected_cut: str = "expert_length") -> Pair | None:
     """The paper's trajectory-level pair for one task, or None (tie, unusable episode).
@@ -116,15 +123,15 @@ def trajectory_pair(expert: Episode, agent: Episode, extra_turns: int | None = 5
     if agent.final_score == expert.final_score:
         return None  # ties are dropped
     chosen, rejected = (expert, agent) if expert.final_score > agent.final_score else (agent, expert)
-    limit = None if extra_turns is None else expert.num_steps + extra_turns
+    max_turns = _max_turns(expert, extra_turns)
     if rejected_cut == "first_divergence" and rejected is agent:
         t = first_divergence(expert, agent)
         t = (t if t is not None else min(expert.num_steps, agent.num_steps)) + 1
-        limit = t if limit is None else min(limit, t)
+        max_turns = t if max_turns is None else min(max_turns, t)
     elif rejected_cut != "expert_length":
         raise ValueError(f"eto.pairs.rejected_cut={rejected_cut!r}: expert_length or first_divergence")
     prompt, chosen_msgs = _split(chosen)
-    _, rejected_msgs = _split(rejected, max_turns=limit if rejected is agent else None)
+    _, rejected_msgs = _split(rejected, max_turns=max_turns if rejected is agent else None)
     return Pair(pair_id=_pid("traj", agent.episode_id, expert.episode_id), task_id=agent.task_id,
                 kind="trajectory", step=None, chosen_policy=chosen.policy.id, rejected_policy=rejected.policy.id,
                 chosen_score=chosen.final_score, rejected_score=rejected.final_score,
@@ -140,7 +147,7 @@ def self_pair(best: Episode, worst: Episode, extra_turns: int | None = 5) -> Pai
     if best.final_score <= worst.final_score or not best.steps or not worst.steps:
         return None
     prompt, chosen = _split(best)
-    _, rejected = _split(worst, max_turns=None if extra_turns is None else best.num_steps + extra_turns)
+    _, rejected = _split(worst, max_turns=_max_turns(best, extra_turns))
     return Pair(pair_id=_pid("self", best.episode_id, worst.episode_id), task_id=best.task_id, kind="self",
                 step=None, chosen_policy=best.policy.id, rejected_policy=worst.policy.id,
                 chosen_score=best.final_score, rejected_score=worst.final_score,

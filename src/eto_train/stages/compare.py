@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import layout, tracking
-from ..config import BCSection, DPOSection, dotted_overrides, typed
+from ..config import BCSection, Config, DPOSection, dotted_overrides, typed
 from ..distributed import grad_accum, is_main, world_size
 from ..envs import check_splits
 from ..evaluation import behaviour, comparison
@@ -65,7 +65,7 @@ def control_training(bc: BCSection, d: DPOSection, steps: int) -> dict[str, Any]
             "effective_batch": eb, "max_steps": steps}
 
 
-def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResult, variant_dir: Path,
+def sft_control(cfg: Config, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResult, variant_dir: Path,
                 out: Path) -> str:
     """Continue ``policy_path`` with SFT on the chosen sides of one variant's ``vpairs`` for as many
     optimizer steps and examples as that variant's DPO (``variant``, in ``variant_dir``) took.
@@ -74,7 +74,6 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResul
     ``model.lora`` / ``model.quantization`` as configured, a killed run resumes from its last
     checkpoint, and the policy is saved as one plain merged checkpoint.
     """
-    cfg = typed(cfg)
     console = Console(markup=False)
     check_quantization(cfg.model.quantization)  # before anything is written (the lock included)
     setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
@@ -114,9 +113,8 @@ def sft_control(cfg, policy_path: str, vpairs: list[Pair], variant: dpo.DPOResul
     return str(layout.policy(out))
 
 
-def arm_config(cfg, name: str):
+def arm_config(cfg: Config, name: str) -> Config:
     """The config arm ``name`` runs with: ``compare.arms.<name>``'s eto overrides applied."""
-    cfg = typed(cfg)
     return cfg.with_values(dotted_overrides(cfg.compare.arms[name], "eto"))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from ... import layout
-from ...config import DPOSection, typed
+from ...config import Config, DPOSection
 from ...distributed import world_size
 from ...manifest import Stage
 from ...model.load import policy_ref
@@ -46,10 +46,10 @@ class DPOResult:
     metrics: dict[str, Any]
 
 
-def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> DPOResult:
-    """Train from ``policy_path`` (also the frozen reference) in ``out``/dpo, with ``eto.dpo``'s
-    settings; from iteration 2 on, ``eto.dpo.later``'s (beta, learning_rate) replace its own."""
-    cfg = typed(cfg)
+def run(cfg: Config, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> DPOResult:
+    """Train from ``policy_path`` (also the frozen reference) in ``out``/dpo on ``pairs`` (never empty: no
+    pair, no DPO, loop.explore_pair_train decides), with ``eto.dpo``'s settings; from iteration 2 on,
+    ``eto.dpo.later``'s (beta, learning_rate) replace its own."""
     console = Console(markup=False)
     setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
     section = cfg.eto.dpo.at(iteration)
@@ -70,9 +70,7 @@ def run(cfg, iteration: int, policy_path: str, pairs: list[Pair], out: Path) -> 
         return result
 
     with recipe.held(stage):  # cleanup: the stage's lock is released whatever happens
-        # -- setup: the pairs and their explorer checked before anything is written
-        if not pairs:
-            raise ValueError(f"iteration {iteration}: no pairs to train on (see {layout.pairs_stats(out)})")
+        # -- setup: the pairs' explorer checked before anything is written
         # pairs explored by another policy than this reference would make the DPO objective wrong
         check_pairs_policy(pairs, policy_ref(policy_path).id, source=str(layout.pairs_file(out)))
         rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]

@@ -12,9 +12,8 @@ import random
 from pathlib import Path
 
 from ... import layout
-from ...config import RolloutOverrides, RolloutSection, typed
+from ...config import Config, RolloutOverrides, RolloutSection
 from ...contrasts import contrast_kind
-from ...experts import read_experts, usable
 from ...model.load import policy_ref
 from ...pairs import value_sides, value_states
 from ...records import Episode
@@ -42,16 +41,20 @@ def step_positions(expert: Episode, how: str, samples: int, rng: random.Random) 
     raise ValueError(f"eto.pairs.step_positions={how!r} needs no extra rollouts or is unknown")
 
 
-def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode], list[Episode]]:
+def run(cfg: Config, iteration: int, policy_path: str, experts: dict[str, Episode],
+        out: Path) -> tuple[list[Episode], list[Episode]]:
     """(episodes of the policy on the training tasks, continuations from expert prefixes), played
-    with ``rollout.*`` merged with ``eto.explore.rollout`` (exploration's own settings). With
-    ``contrast=step_value`` the continuations include the value continuations (:func:`play_values`),
-    told apart by their ``env_params["parent"]`` (``pairs.value_parent``)."""
-    cfg = typed(cfg)
+    with ``rollout.*`` merged with ``eto.explore.rollout`` (exploration's own settings). ``experts``:
+    the usable expert episodes by task id (read once by the iteration, loop.explore_pair_train).
+    What is played beyond the policy's own episodes is the contrast kind's (contrasts.py): from
+    expert states (step, step_value) with ``step_positions`` = all | sample, then, with
+    ``contrast=step_value``, the value continuations (:func:`play_values`), told apart by their
+    ``env_params["parent"]`` (``pairs.value_parent``)."""
     setup_runtime(cfg.runtime.rollout_threads, cfg.runtime.cpu_kernels)
-    ex = cfg.eto.explore
+    ex, pc = cfg.eto.explore, cfg.eto.pairs
+    kind = contrast_kind(pc.contrast)
     # step values sample: a temperature of 0 is refused here, before the exploration, not after it
-    sampled = value_settings(cfg) if contrast_kind(cfg.eto.pairs.contrast).values else None
+    sampled = value_settings(cfg) if kind.values else None
     ref = policy_ref(policy_path, name=f"iter{iteration - 1}" if iteration > 1 else "bc")
     rollouts = Rollouts(cfg, policy_path, ref, cfg.rollout.merged(ex.rollout))
     tasks = explore_tasks(rollouts, ex.split, ex.tasks_per_game)
@@ -60,12 +63,8 @@ def run(cfg, iteration: int, policy_path: str, out: Path) -> tuple[list[Episode]
     episodes = rollouts.play(f"explore/iter{iteration}", layout.explore_dir(out), work,
                              extra_config={"explore": ex.plain()}, share=share)
     continuations: list[Episode] = []
-    pc = cfg.eto.pairs
-    kind = contrast_kind(pc.contrast)
-    ids, by_id = {t.task_id for t in tasks}, {t.task_id: t for t in tasks}
-    if kind.expert_states:
-        experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name)
-                   if e.task_id in ids and usable(e)}
+    by_id = {t.task_id: t for t in tasks}
+    experts = {tid: e for tid, e in experts.items() if tid in by_id}  # the explored tasks' experts
     if kind.expert_states and pc.step_positions != "first_divergence":
         rng = random.Random(cfg.seed + iteration)
         prefix_work = [WorkItem(by_id[tid], 0, tuple(s.action for s in e.steps[:t]))

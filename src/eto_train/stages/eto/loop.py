@@ -33,7 +33,8 @@ from ... import layout, tracking
 from ...distributed import is_main
 from ...envs import check_playable, check_splits, make_env
 from ...evaluation import comparison
-from ...config import METRICS, typed
+from ...config import METRICS, Config, typed
+from ...experts import usable_experts
 from ...store import json_text, write_main
 from .. import bc, experts, model
 from ..evaluate import evaluate_policy
@@ -48,14 +49,26 @@ class Round:
     trained: dpo.DPOResult | None  # None: no pair, so no DPO
 
 
-def explore_pair_train(cfg, k: int, policy_path: str, out: Path) -> Round:
+class NoPairs(ValueError):
+    """An ETO iteration whose pairs stage found no pair: there is nothing for DPO to train on."""
+
+    def __init__(self, k: int, out: Path) -> None:
+        super().__init__(f"iteration {k}: no pairs to train on (see {layout.pairs_stats(out)})")
+
+
+def explore_pair_train(cfg: Config, k: int, policy_path: str, out: Path) -> Round:
     """Iteration ``k``'s explore -> pairs -> DPO from ``policy_path`` in ``out`` (an ETO iteration folder, or a
-    compare arm's): the one sequence `make eto` and `make compare-contrast` share. No pair: no DPO (the caller
-    decides what that means: an error in ETO, an arm left at BC in compare)."""
-    explored, continuations = explore.run(cfg, k, policy_path, out)
-    pair_list = pairs.run(cfg, k, explored, continuations, out)
-    trained = dpo.run(cfg, k, policy_path, pair_list, out) if pair_list else None
-    return Round(explored, pair_list, trained)
+    compare arm's): the one sequence `make eto` and `make compare-contrast` share, and the one place that
+    decides "no pair: no DPO" (what that means is the caller's: an error in ETO, an arm left at BC in compare).
+
+    The expert trajectories are read once, here: exploration plays from their states (step-level
+    contrasts), the pairs compare with them."""
+    expert_episodes = usable_experts(cfg.paths.experts, cfg.env.name)
+    explored, continuations = explore.run(cfg, k, policy_path, expert_episodes, out)
+    pair_list = pairs.run(cfg, k, expert_episodes, explored, continuations, out)
+    if not pair_list:
+        return Round(explored, pair_list, None)
+    return Round(explored, pair_list, dpo.run(cfg, k, policy_path, pair_list, out))
 
 
 @dataclass(frozen=True)
@@ -73,12 +86,11 @@ class Selection:
                 "min_improvement": self.min_improvement, "rule": rule}
 
 
-def check_selection(cfg) -> Selection:
+def check_selection(cfg: Config) -> Selection:
     """The selection settings, with the checks that need the environment's tasks: the dev split
-    exists, has tasks and shares none with training or test (the config schema checked the rest:
-    env.metric, eto.dev_split against the test and training split names, early stopping without
-    a dev split)."""
-    cfg = typed(cfg)
+    exists, has tasks and shares none with training or test (the config schema decided the rest,
+    by name, in config.eto_problems: env.metric, eto.dev_split against the test and training split
+    names, early stopping without a dev split)."""
     e = cfg.eto
     sel = Selection(e.dev_split, cfg.env.metric, e.early_stopping, e.min_improvement)
     dev, train_split, test_splits = e.dev_split, e.explore.split, list(cfg.eval.splits)
@@ -153,7 +165,7 @@ def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = N
     out = layout.RunLayout.of(cfg).iteration(k)
     r = explore_pair_train(cfg, k, policy_path, out)
     if r.trained is None:
-        raise ValueError(f"iteration {k}: no pairs to train on (see {layout.pairs_stats(out)})")
+        raise NoPairs(k, out)
     explored, pair_list, new_policy = r.explored, r.pairs, r.trained.policy
     dev = None
     if sel.dev_split is not None:

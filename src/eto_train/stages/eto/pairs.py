@@ -8,9 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ...config import Pairs, typed
+from ...config import Config, Pairs
 from ...contrasts import contrast_kind
-from ...experts import read_experts, usable
 from ...pairs import step_value_pair, value_parent, value_scores, value_sides, value_states
 from ...pairs import Pair, anchor_pairs, first_divergence, for_pairing, pair_stats, self_pair, step_pair, trajectory_pair
 from ...records import NOT_POLICY_FAULT, Episode
@@ -92,10 +91,11 @@ def step_value_pairs(pc: Pairs, experts: dict[str, Episode], explored: list[Epis
                  "values": values}
 
 
-def run(cfg, iteration: int, explored: list[Episode], continuations: list[Episode], out: Path) -> list[Pair]:
-    cfg = typed(cfg)
+def run(cfg: Config, iteration: int, experts: dict[str, Episode], explored: list[Episode],
+        continuations: list[Episode], out: Path) -> list[Pair]:
+    """The iteration's pairs under ``eto.pairs``, from the usable expert episodes by task id (``experts``,
+    read once by the iteration), the explored episodes and their continuations; written to ``out``/pairs."""
     console = Console(markup=False)
-    experts = {e.task_id: e for e in read_experts(cfg.paths.experts, cfg.env.name) if usable(e)}
     pairs, stats = build_pairs(cfg.eto.pairs, experts, explored, continuations, cfg.seed + iteration)
     stats["config"] = cfg.eto.pairs.plain()
     # rank 0 writes them (one writer per file); the others built the same pairs and wait for its file, which
