@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from eto_train import native
-from eto_train.training import attention_kernel
-from eto_train.training.attention_kernel import KernelAttention, causal_attention
+from eto_train.native import attention_kernel
+from eto_train.native.attention_kernel import KernelAttention, causal_attention
 
 
 @pytest.fixture(scope="module")

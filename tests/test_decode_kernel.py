@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eto_train.rollouts import decode_kernel
+from eto_train.native import decode_kernel
 
 
 def reference(q, k, v, slots, lengths, start, scale):

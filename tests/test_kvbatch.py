@@ -109,7 +109,8 @@ def test_decode_attention_over_a_shared_prefix_equals_attention_over_the_whole_s
 
     import torch.nn.functional as F
 
-    from eto_train.rollouts import decode_kernel, kvbatch
+    from eto_train.native import decode_kernel
+    from eto_train.rollouts import kvbatch
 
     if kernel == "matmuls":
         monkeypatch.setattr(kvbatch, "_CPU_FLASH", None)

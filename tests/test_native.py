@@ -1,4 +1,4 @@
-"""The project's C++ kernels' builder (native.py): one build per source, CPU, flags and torch install; a build that
+"""The project's C++ kernels' builder (eto_train.native): one build per source, CPU, flags and torch install; a build that
 fails falls back once, said; runtime.cpu_kernels=false builds nothing; each kernel is the default only on a CPU whose
 instructions its vector path needs (AVX-512), torch's kernel elsewhere."""
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from eto_train import native
-from eto_train.rollouts import decode_kernel
-from eto_train.training import attention_kernel
+from eto_train.native import attention_kernel, decode_kernel
 
 
 def test_the_build_name_changes_with_the_source_the_flags_the_torch_install_and_the_cpu(monkeypatch):
@@ -62,35 +61,54 @@ def test_a_kernel_that_cannot_be_built_falls_back_with_one_warning(monkeypatch, 
 
 
 def test_runtime_cpu_kernels_false_builds_nothing(monkeypatch, tiny_model_dir):
-    """setup_runtime(threads, cpu_kernels=False) (runtime.cpu_kernels: false): nothing is built or used; the
+    """runtime.cpu_kernels: false, read once (runtime.configure, the entry point's): nothing is built or used; the
     shipped config has them on, and refuses a value that is not a flag."""
     from pathlib import Path
 
     import torch.utils.cpp_extension as ext
     from hydra import compose, initialize_config_dir
 
+    from eto_train import runtime
     from eto_train.config import ConfigError, typed
     from eto_train.model.load import load_model, load_tokenizer
     from eto_train.rollouts.kvbatch import KVBatch
-    from eto_train.runtime import setup_runtime
 
     root = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(str(root), version_base="1.3"):
         assert typed(compose("config")).runtime.cpu_kernels is True
+        off = typed(compose("config", overrides=["runtime.cpu_kernels=false"])).runtime
         bad = compose("config", overrides=["runtime.cpu_kernels=sometimes"])
     with pytest.raises(ConfigError, match=r"runtime.cpu_kernels"):
         typed(bad)
     monkeypatch.setattr(native, "_built", {})
     monkeypatch.setattr(ext, "load", lambda *a, **kw: pytest.fail("a kernel was built with cpu_kernels off"))
-    threads = torch.get_num_threads()
+    monkeypatch.setattr(runtime, "_library_hooks", list(runtime._library_hooks))
     try:
-        setup_runtime(1, cpu_kernels=False)
+        runtime.configure(off)
         assert not native.enabled() and decode_kernel.load() is None and attention_kernel.load() is None
         session = KVBatch(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)), 4, 256)
         assert session.cache.kernel is None
     finally:
         native.enable(True)
-        torch.set_num_threads(threads)
+
+
+def test_the_runtime_switches_are_read_in_one_place():
+    """runtime.cpu_kernels and runtime.library_hooks are read once per process, by runtime.configure, which the
+    entry point calls where the config is typed; no stage passes them on (setup_runtime takes the threads only)."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    from eto_train import cli, runtime
+
+    src = Path(native.__file__).resolve().parents[1]
+    readers = sorted(str(f.relative_to(src)) for f in src.rglob("*.py")
+                     if any(isinstance(n, ast.Attribute) and n.attr in ("cpu_kernels", "library_hooks")
+                            and isinstance(n.value, ast.Attribute) and n.value.attr == "runtime"
+                            for n in ast.walk(ast.parse(f.read_text()))))
+    assert readers == []  # no cfg.runtime.cpu_kernels / .library_hooks anywhere: configure(section) reads them
+    assert list(inspect.signature(runtime.setup_runtime).parameters) == ["threads"]
+    assert "runtime.configure(config.runtime)" in inspect.getsource(cli._job)
 
 
 def test_a_builder_that_cannot_be_imported_falls_back_too(monkeypatch, capsys):

@@ -272,3 +272,56 @@ def test_a_model_with_dropout_shares_prefixes_only_out_of_training(tiny_model_di
         model(input_ids=ids, attention_mask=mask)
     assert seen[0]["input_ids"].shape == (1, int(mask.sum())) and all(len(s) == 2 for s in seen[0][SPANS])
     assert seen[1]["input_ids"].shape == (1, 97)
+
+
+@pytest.mark.parametrize("setting, accelerator, hooked", [
+    ("cpu", False, True),    # the default, training on the CPU: packed
+    ("cpu", True, False),    # the default on a GPU box: transformers as it is
+    (True, True, True),      # runtime.library_hooks=true: on any device
+    (False, False, False),   # runtime.library_hooks=false: never, the CPU included
+])
+def test_the_hooks_follow_runtime_library_hooks(tiny_model_dir, monkeypatch, unhook, setting, accelerator, hooked):
+    """Called as the trainers call them (no ``enabled``), both hooks into the libraries (this one and
+    training/lm_head.py's) go in as runtime.library_hooks says, read once by runtime.configure."""
+    from types import SimpleNamespace
+
+    import trl.trainer.utils as trl_utils
+
+    from eto_train import native, runtime
+    from eto_train.training.lm_head import score_labelled_only
+
+    monkeypatch.setattr(runtime, "_library_hooks", list(runtime._library_hooks))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: accelerator)
+    kernels = native.enabled()
+    try:
+        runtime.configure(SimpleNamespace(cpu_kernels=kernels, library_hooks=setting))
+        assert runtime.library_hooks() is hooked
+        model = load_model(str(tiny_model_dir))
+        unhook.append(model)
+        assert unpad_right_padding(model) is hooked
+        assert hasattr(model.get_decoder(), right_padding._HOOKED) is hooked
+        assert score_labelled_only() is hooked
+        assert hasattr(trl_utils._use_triton, "__wrapped__") is hooked
+        assert runtime.versions()["library_hooks"] == (f"{'on' if hooked else 'off'} "
+                                                       f"(runtime.library_hooks={str(setting).lower()})")
+    finally:
+        score_labelled_only(False)
+        native.enable(kernels)
+
+
+def test_runtime_library_hooks_in_the_config():
+    """The shipped config says cpu; true and false are taken, anything else is one error naming the key."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.config import ConfigError, typed
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(str(root), version_base="1.3"):
+        assert typed(compose("config")).runtime.library_hooks == "cpu"
+        for value, want in (("true", True), ("false", False)):
+            assert typed(compose("config", overrides=[f"runtime.library_hooks={value}"])).runtime.library_hooks is want
+        bad = compose("config", overrides=["runtime.library_hooks=sometimes"])
+    with pytest.raises(ConfigError, match=r"runtime.library_hooks='sometimes': .*one of 'cpu', true, false"):
+        typed(bad)

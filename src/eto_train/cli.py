@@ -136,7 +136,7 @@ def _job(entry: StageEntry, cfg) -> None:
     """One job: its own run folder under -m (on Hydra's DictConfig), the config validated once
     (:func:`eto_train.config.load`: every bad value in one error), tracking, then the stage with
     the typed Config."""
-    from . import tracking
+    from . import runtime, tracking
     from .config import load
     from .interrupt import interruptible
     from .layout import isolate_sweep_job, own_run
@@ -149,6 +149,7 @@ def _job(entry: StageEntry, cfg) -> None:
         if entry.isolate:
             isolate_sweep_job(cfg)  # under -m: one run folder per job
         config = load(cfg)
+        runtime.configure(config.runtime)  # its switches (C++ kernels, library hooks), read once per process
         tracking.configure(cfg)  # wandb: one run per stage
         if entry.seeded and config.seeds:  # each seed's run in <run>/seed<k>/, then <run>/seeds.{json,md}
             from .seeds import run_seeds

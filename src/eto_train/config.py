@@ -114,6 +114,8 @@ class Runtime(Section):
     train_threads: Threads()
     rollout_threads: Threads()
     cpu_kernels: Flag
+    library_hooks: Choice(("cpu", True, False), what="training's hooks into TRL and transformers (cpu: where "
+                          "training runs on the CPU)")
 
 
 def _experts_source(v: str) -> str:
@@ -888,7 +890,7 @@ class Config(Section):
                           "seed, runs/<run>/seed<k>/), or null (one run at seed)")]
     trust_remote_code: Flag
     paths: Part(Paths, "the run's folders")
-    runtime: Part(Runtime, "{train_threads, rollout_threads, cpu_kernels}")
+    runtime: Part(Runtime, "{train_threads, rollout_threads, cpu_kernels, library_hooks}")
     experts: Part(Experts, "{source, on_lost}")
     wandb: Part(Wandb, "{enabled, mode, project}")
     env: Part(EnvSection, "an environment section (configs/env)")

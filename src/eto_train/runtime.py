@@ -78,15 +78,12 @@ def pick_threads(setting: int | str, gain: float = 1.25) -> int:
     return n if one >= gain * all_ else 1
 
 
-def setup_runtime(threads: int | str, cpu_kernels: bool = True) -> int:
+def setup_runtime(threads: int | str) -> int:
     """Set torch's thread count deliberately (busy JVMs make 2 threads 5-8x slower than 1):
-    ``threads`` an integer, or ``auto`` (:func:`pick_threads`); returns the count set. ``cpu_kernels``
-    (``runtime.cpu_kernels``): whether the project's C++ kernels are built and used (:mod:`eto_train.native`)."""
+    ``threads`` an integer, or ``auto`` (:func:`pick_threads`); returns the count set. The runtime
+    section's switches are not passed here: :func:`configure` read them once, at the entry point."""
     import torch
 
-    from . import native
-
-    native.enable(cpu_kernels)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's reference pass uses a bare tqdm
@@ -104,12 +101,49 @@ def setup_runtime(threads: int | str, cpu_kernels: bool = True) -> int:
     return n
 
 
-def versions() -> dict[str, str]:
-    """The packages' versions, and which attention kernels this process runs (``cpu_kernels``: the project's C++
-    ones or torch's, per CPU; :func:`eto_train.native.choices`)."""
+# -- the CPU speed layer's switches: read once per process (configure), asked where they act ------------------
+_library_hooks: list = ["cpu"]  # runtime.library_hooks until configure(): the config's default
+
+
+def configure(section) -> None:
+    """The runtime section's switches (typed: :class:`eto_train.config.Runtime`), read once per process where the
+    config is typed (``cli``; each process of ``accelerate launch`` runs the same entry point): ``cpu_kernels``
+    into :mod:`eto_train.native` (the project's C++ kernels, where they are the faster), ``library_hooks`` for
+    :func:`library_hooks`. Nothing passes them on; a stage run without the entry point (a test, a script) runs the
+    config's defaults unless it calls this. Neither enters a stage's config hash (the runtime section is in none)."""
     from . import native
 
-    out = {"python": sys.version.split()[0], "platform": platform.platform(), "cpu_kernels": native.choices()}
+    native.enable(section.cpu_kernels)
+    _library_hooks[0] = section.library_hooks
+
+
+def library_hooks() -> bool:
+    """Whether training puts this project's hooks into TRL and transformers (``runtime.library_hooks``):
+    training/lm_head.py (TRL's fused LM head over the labelled positions only) and training/right_padding.py
+    (right-padded rows packed, shared prefixes once; bf16 attention through :mod:`eto_train.native`).
+
+    ``cpu`` (the default): where training runs on the CPU, i.e. where torch sees no accelerator (CUDA, XPU, MPS):
+    there they were measured faster (docs/bench.md). Not on a GPU: there TRL's fused head projects only the
+    labelled positions already, and the packing was never timed against the libraries' own path (it ran in
+    scripts/gpu_smoke.sh on an H200, 2026-12-04: correct, not timed), so a GPU trains with the libraries as they
+    are. ``true``: on any device (the same results to rounding); ``false``: never, the CPU included."""
+    setting = _library_hooks[0]
+    if setting != "cpu":
+        return bool(setting)
+    import torch
+
+    return not torch.accelerator.is_available()
+
+
+def versions() -> dict[str, str]:
+    """The packages' versions, which attention kernels this process runs (``cpu_kernels``: the project's C++
+    ones or torch's, per CPU; :func:`eto_train.native.choices`) and whether training's hooks into TRL and
+    transformers are in (``library_hooks``, :func:`library_hooks`)."""
+    from . import native
+
+    hooks = f"{'on' if library_hooks() else 'off'} (runtime.library_hooks={str(_library_hooks[0]).lower()})"
+    out = {"python": sys.version.split()[0], "platform": platform.platform(), "cpu_kernels": native.choices(),
+           "library_hooks": hooks}
     for p in PACKAGES:
         try:
             out[p] = version(p)

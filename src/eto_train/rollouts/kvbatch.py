@@ -49,8 +49,8 @@ import torch
 
 from ..model import PLAIN_ATTENTION  # their decode steps use decode_attention; any other keeps its own
 from ..prompting import chat_ids  # the prompt's ids: no message text read as a control token
-from .decode_kernel import DTYPES as KERNEL_DTYPES
-from .decode_kernel import load as load_decode_kernel
+from ..native.decode_kernel import DTYPES as KERNEL_DTYPES
+from ..native.decode_kernel import load as load_decode_kernel
 
 MIN_SHARED = 16       # a prompt prefix shorter than this is computed, not copied
 DECODE_ATTENTION = "eto_slots_decode"
@@ -80,8 +80,8 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
 
     When the cache feeds rows by slot (``fed``: a decode step of the rows still answering, see
     :meth:`KVBatch._decode`), ``key``/``value`` are the whole buffers and each row reads its own slot to its own
-    length: in one call of the C++ kernel (``cache.kernel``, :mod:`.decode_kernel`) on a CPU, else in runs
-    (``fed_runs``, :func:`_runs`): rows in adjacent slots of similar lengths in one call of torch's kernel,
+    length: in one call of the C++ kernel (``cache.kernel``, :mod:`eto_train.native.decode_kernel`) on a CPU, else
+    in runs (``fed_runs``, :func:`_runs`): rows in adjacent slots of similar lengths in one call of torch's kernel,
     masked to each row's length, so that neither a finished row nor a long row's tail is read by the others."""
     b, heads, q, d = query.shape
     kv_heads = key.shape[1]

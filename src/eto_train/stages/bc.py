@@ -27,7 +27,7 @@ def run(cfg) -> dict | None:
     require_built(cfg.model)  # a registry model (model.source) converted by `eto-train model`
     check_quantization(cfg.model.quantization)  # before anything is written (the lock included)
     prepare_inputs(cfg, console)
-    setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
+    setup_runtime(cfg.runtime.train_threads)
     out = Path(cfg.paths.bc)
     inputs = {"experts": cfg.paths.experts}
     if is_local(cfg.model.path):

@@ -76,7 +76,7 @@ def sft_control(cfg: Config, policy_path: str, vpairs: list[Pair], variant: dpo.
     """
     console = Console(markup=False)
     check_quantization(cfg.model.quantization)  # before anything is written (the lock included)
-    setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
+    setup_runtime(cfg.runtime.train_threads)
     steps = int(variant.metrics["optimizer_steps"])
     train = control_training(cfg.bc, variant.section, steps)
     chosen = [p.prompt + p.chosen for p in vpairs]

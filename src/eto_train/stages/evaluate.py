@@ -44,7 +44,7 @@ def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) ->
         from ..model.wheel import require_built
 
         require_built(cfg.model)
-    setup_runtime(cfg.runtime.rollout_threads, cfg.runtime.cpu_kernels)
+    setup_runtime(cfg.runtime.rollout_threads)
     ref = policy_ref(policy_path, name=tag)
     rollouts = Rollouts(cfg, policy_path, ref, cfg.rollout.merged(cfg.eval.rollout))
     results = {}

@@ -27,14 +27,14 @@ def run(cfg) -> None:
     if cfg.model.source is not None:
         from ..model.wheel import convert
 
-        setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
+        setup_runtime(cfg.runtime.train_threads)
         convert(cfg.model.source.plain(), cfg.model.path, console)
         console.print(f"[model] {cfg.model.name}: {cfg.model.path}")
         return
     if not cfg.model.build:
         console.print(f"[model] model.build=false: using {cfg.model.path} as it is")
         return
-    setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
+    setup_runtime(cfg.runtime.train_threads)
     stage = Stage("model", cfg.model.path, {"model": cfg.model.plain(), "seed": cfg.seed},
                   inputs={"experts": cfg.paths.experts})
     if stage.done():

@@ -115,7 +115,7 @@ def run(cfg, command: str | None = None) -> None:
 
     cfg = typed(cfg)  # every pretrain.* value and the held-out seeds, checked (config.PretrainSection)
     console = Console(markup=False)
-    setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
+    setup_runtime(cfg.runtime.train_threads)
     pc = to_plain(cfg.pretrain)
     out = Path(pc["out"])
     arch, train, probe_cfg = pc["arch"], pc["train"], pc["probes"]

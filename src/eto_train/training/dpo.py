@@ -126,7 +126,7 @@ def make_dpo_trainer(model, ref_model, tokenizer, dataset, args: DPOConfig, peft
     from .lm_head import score_labelled_only
     from .right_padding import unpad_right_padding
 
-    score_labelled_only()  # the action tokens only through the LM head on the CPU too (lm_head.py)
+    score_labelled_only()  # the action tokens only through the LM head on a CPU (lm_head.py; runtime.library_hooks)
     for m in (model, ref_model):  # rows flushed left, padded on the right: packed, no padding (right_padding.py)
         if m is not None:
             unpad_right_padding(m)

@@ -15,6 +15,15 @@ the head and its log-sum-exp over every position took about a third of a BC step
 switches the one decision (``compact``) to "labelled positions only" on the CPU as well. Nothing
 else changes: masked positions' log-probs are zero either way, and the labelled ones are computed
 by the same tiles.
+
+Behind ``runtime.library_hooks`` (:func:`eto_train.runtime.library_hooks`): by default in place where training runs
+on the CPU, not on a GPU (where TRL projects the labelled positions alone already: the patch would change nothing).
+
+Checked against TRL 1.16.0 (with transformers 5.24.0): ``trl/trainer/utils.py`` imports ``_use_triton`` from
+``trl.kernels.chunked_logprob`` (:61) and calls it by that module-level name once per fused head's forward
+(:1642, ``compact = _use_triton(hidden_states.device)``). A TRL without that name leaves TRL's behaviour as it is
+(:func:`score_labelled_only` returns False); another TRL that keeps the name but changes its meaning must be read
+again before this is trusted (tests/test_lm_head.py compares the log-probs with and without the patch).
 """
 
 from __future__ import annotations
@@ -24,11 +33,17 @@ import torch
 _PATCHED = "_eto_labelled_only"
 
 
-def score_labelled_only(enabled: bool = True) -> bool:
+def score_labelled_only(enabled: bool | None = None) -> bool:
     """Make TRL's fused LM head project only labelled positions on the CPU (``enabled``), or restore
-    TRL's own choice (``enabled=False``, the bench's baseline). Idempotent. Returns whether the patch is
-    in place; False also when this TRL has no such decision to patch (then TRL's behaviour stands)."""
+    TRL's own choice (``enabled=False``, the bench's baseline); ``None``: as ``runtime.library_hooks`` says
+    (:func:`eto_train.runtime.library_hooks`). Idempotent. Returns whether the patch is in place; False also
+    when this TRL has no such decision to patch (then TRL's behaviour stands)."""
     import trl.trainer.utils as trl_utils
+
+    if enabled is None:
+        from ..runtime import library_hooks
+
+        enabled = library_hooks()
 
     current = getattr(trl_utils, "_use_triton", None)
     if current is None:  # a TRL without the fused head's switch: nothing to patch

@@ -34,6 +34,19 @@ Left alone: a mask that is not right padding (left padding, packed rows), a batc
 model attends causally already), a call with position ids, a cache, multimodal inputs or asking for
 every layer's hidden states or attentions, attention implementations other than SDPA, and models whose
 attention is not plain causal (:data:`eto_train.model.PLAIN_ATTENTION`) or has a sliding window.
+
+Behind ``runtime.library_hooks`` (:func:`eto_train.runtime.library_hooks`): by default in place where training runs
+on the CPU (where it was measured), not on a GPU (the batch goes through transformers as it is there).
+
+Checked against transformers 5.24.0 and TRL 1.16.0. What it relies on in transformers: ``AttentionInterface``'s
+class-wide ``_global_mapping["sdpa"]`` and ``register`` (transformers/modeling_utils.py:5243-5258,
+utils/generic.py:1245), which every layer of the models in :data:`~eto_train.model.PLAIN_ATTENTION` looks up by the
+config's ``_attn_implementation`` at every call and hands the decoder's keyword arguments (how :data:`SPANS`
+reaches :func:`row_attention`); ``get_decoder()`` (modeling_utils.py:2264) and a decoder stack that takes
+``input_ids``, ``attention_mask=None`` and ``position_ids`` as keywords and returns ``last_hidden_state``. In TRL:
+the SFT collator pads on the right, and the DPO batches (this project's collator, training/dpo.py) are flushed
+left and padded on the right. tests/test_right_padding.py checks the packed forward and backward against the
+padded one; a transformers that changes any of these must be read again.
 """
 
 from __future__ import annotations
@@ -75,7 +88,7 @@ def row_attention(module, query, key, value, attention_mask, scaling=None, dropo
     spans = kwargs.pop(SPANS, None)
     if spans is None:
         return _SDPA[0](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    from .attention_kernel import causal_attention
+    from ..native.attention_kernel import causal_attention
 
     gqa = query.shape[1] != key.shape[1]
     p = dropout if module.training else 0.0
@@ -182,12 +195,17 @@ def reset_token_counts(model) -> None:
     _base(model).get_decoder().__dict__.pop(COUNTS, None)
 
 
-def unpad_right_padding(model, enabled: bool = True, share_prefixes: bool = True) -> bool:
+def unpad_right_padding(model, enabled: bool | None = None, share_prefixes: bool = True) -> bool:
     """Make ``model`` (a transformers causal LM, or a PEFT model over one) run right-padded batches packed
-    (``enabled``), or as transformers does again (``enabled=False``, the bench's baseline); with
-    ``share_prefixes`` a prefix that rows have in common is computed once (their instruction and example, a
-    pair's prompt; in training only if the model has no dropout). Idempotent. Returns whether it is in place;
-    False also for an attention implementation it leaves alone."""
+    (``enabled``), or as transformers does again (``enabled=False``, the bench's baseline); ``None``: as
+    ``runtime.library_hooks`` says (:func:`eto_train.runtime.library_hooks`). With ``share_prefixes`` a prefix
+    that rows have in common is computed once (their instruction and example, a pair's prompt; in training only
+    if the model has no dropout). Idempotent. Returns whether it is in place; False also for an attention
+    implementation it leaves alone."""
+    if enabled is None:
+        from ..runtime import library_hooks
+
+        enabled = library_hooks()
     base = _base(model)
     decoder = base.get_decoder()
     handles = getattr(decoder, _HOOKED, None)

@@ -75,7 +75,7 @@ def make_trainer(model, tokenizer, dataset, args, peft_config=None):
     from .lm_head import score_labelled_only
     from .right_padding import unpad_right_padding
 
-    score_labelled_only()  # the agent's turns only through the LM head on the CPU too (lm_head.py)
+    score_labelled_only()  # the agent's turns only through the LM head on a CPU (lm_head.py; runtime.library_hooks)
     unpad_right_padding(model)  # the collator pads on the right: the rows packed, no padding (right_padding.py)
     return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                       peft_config=peft_config, callbacks=[RichProgressCallback()])

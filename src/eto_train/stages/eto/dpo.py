@@ -51,7 +51,7 @@ def run(cfg: Config, iteration: int, policy_path: str, pairs: list[Pair], out: P
     pair, no DPO, loop.explore_pair_train decides), with ``eto.dpo``'s settings; from iteration 2 on,
     ``eto.dpo.later``'s (beta, learning_rate) replace its own."""
     console = Console(markup=False)
-    setup_runtime(cfg.runtime.train_threads, cfg.runtime.cpu_kernels)
+    setup_runtime(cfg.runtime.train_threads)
     section = cfg.eto.dpo.at(iteration)
     d = {k: v for k, v in section.plain().items() if k != "later"}  # what this iteration trains with
     stage_dir = layout.dpo_dir(out)

@@ -50,7 +50,7 @@ def run(cfg: Config, iteration: int, policy_path: str, experts: dict[str, Episod
     expert states (step, step_value) with ``step_positions`` = all | sample, then, with
     ``contrast=step_value``, the value continuations (:func:`play_values`), told apart by their
     ``env_params["parent"]`` (``pairs.value_parent``)."""
-    setup_runtime(cfg.runtime.rollout_threads, cfg.runtime.cpu_kernels)
+    setup_runtime(cfg.runtime.rollout_threads)
     ex, pc = cfg.eto.explore, cfg.eto.pairs
     kind = contrast_kind(pc.contrast)
     # step values sample: a temperature of 0 is refused here, before the exploration, not after it

@@ -1,15 +1,21 @@
-"""The project's C++ kernels for the CPU, built at first use (``runtime.cpu_kernels``).
+"""The CPU speed layer's C++ kernels, in one place: their sources, their header, their builder (here) and the
+Python that calls them.
 
-Two sources, each beside the code that calls it: ``rollouts/decode_attention.cpp`` (the KV engine's decode
-step) and ``training/causal_attention.cpp`` (bf16 training's attention). :func:`load` compiles one with torch's
-own extension builder (``torch.utils.cpp_extension``: ninja and the system's C++ compiler) for this machine's CPU
-(``-march=native``: AVX-512 where it has it; their vector helpers in ``vec16.h``), once per machine: the build
+- ``decode_attention.cpp`` (:mod:`.decode_kernel`): the KV engine's decode step (rollouts/kvbatch.py);
+- ``causal_attention.cpp`` (:mod:`.attention_kernel`): bf16 training's attention over the packed rows of
+  training/right_padding.py;
+- ``vec16.h``: the AVX-512 vector helpers both include.
+
+:func:`load` compiles one with torch's own extension builder (``torch.utils.cpp_extension``: ninja and the system's
+C++ compiler) for this machine's CPU (``-march=native``: AVX-512 where it has it), once per machine: the build
 (~20 s) is kept in torch's extension folder (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``)
 under a name that carries a hash of the source and ``vec16.h``, the flags, torch's version and install (each venv
 its own build: one venv's build command would otherwise rebuild the other's), and the CPU's model and flags, so a
-change of any of them builds anew and none reuses another's. Where one cannot be built (no compiler, no ninja) the caller says what it falls back to, once,
-and goes on with torch's kernels (slower; the same results to rounding). ``runtime.cpu_kernels: false``
-(:func:`enable`, from ``setup_runtime``) never builds them.
+change of any of them builds anew and none reuses another's. Where one cannot be built (no compiler, no ninja) the
+caller says what it falls back to, once, and goes on with torch's kernels (slower; the same results to rounding).
+
+The switch, ``runtime.cpu_kernels``, is read once per process, at the entry point (:func:`eto_train.runtime.configure`
+calls :func:`enable`); nothing passes it on. ``false`` never builds them.
 
 Used only where they are the faster (:func:`faster`, decided here for every caller): their vector path is AVX-512
 (``vec16.h``); without it they run plain loops, slower than torch's kernels, which torch vectorizes for AVX2 too.
@@ -50,7 +56,8 @@ _faster: dict[Path, bool] = {}  # source -> faster(source) on this machine, deci
 
 
 def enable(on: bool) -> None:
-    """``runtime.cpu_kernels``: whether :func:`load` builds and returns kernels in this process."""
+    """``runtime.cpu_kernels``: whether :func:`load` builds and returns kernels in this process (set once, by
+    :func:`eto_train.runtime.configure`; the bench's baselines flip it)."""
     _enabled[0] = bool(on)
 
 

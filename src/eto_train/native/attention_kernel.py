@@ -1,5 +1,6 @@
 """bf16 training's causal attention on the CPU through the project's C++ kernels (causal_attention.cpp beside
-this file; :mod:`eto_train.native`, ``runtime.cpu_kernels``).
+this file; :mod:`eto_train.native`, ``runtime.cpu_kernels``). Reached only through the packed rows of
+training/right_padding.py (``runtime.library_hooks``): with those hooks off, training runs transformers' SDPA.
 
 :func:`causal_attention` is what :func:`eto_train.training.right_padding.row_attention` calls for each packed row
 (SDPA's ``is_causal`` semantics, grouped-query heads). On a CPU, for a row of at most :data:`MAX_LEN` tokens whose

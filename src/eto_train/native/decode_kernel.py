@@ -1,5 +1,5 @@
-"""The KV engine's decode attention in C++ (decode_attention.cpp beside this file), built at first use on a CPU
-(:mod:`eto_train.native`; ``runtime.cpu_kernels``)."""
+"""The KV engine's decode attention in C++ (decode_attention.cpp beside this file; its caller:
+rollouts/kvbatch.py), built at first use on a CPU (:mod:`eto_train.native`; ``runtime.cpu_kernels``)."""
 
 from __future__ import annotations
 
