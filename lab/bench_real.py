@@ -4,7 +4,7 @@ Instruct (model=smollm2_135m, ``make real-model``) on the CPU, every figure meas
 1. **Matmul peak**: GFLOP/s of fp32 and bf16 matmuls (a square 1024 one and the model's own MLP shape), at one
    thread and at every core: the ceiling the training figures are a fraction of.
 2. **Decode step** at batch ``decode.batch`` with ``decode.context``-token contexts: today's engine as it is by
-   default (the attention kernel native.py picks for this CPU, named in ``default_kernel``), with the C++ kernel
+   default (the attention kernel eto_train.native picks for this CPU, named in ``default_kernel``), with the C++ kernel
    and with torch's side by side (the default's pick is its own run, the other forced), the engine of commit
    577f8ab (read from git at bench time, :func:`engine_577f8ab`; where ``engines`` names it) and the weights
    alone (the same batch with a one-token context), median ms of ``decode.steps`` steps.
@@ -110,7 +110,7 @@ def engine_577f8ab() -> type:
 def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 0, baseline: bool = True) -> dict:
     """Median ms of one batched decode step: today's engine with every row at ``context`` tokens, of which
     the first ``shared`` are the play's shared prompt prefix (as in a rollout: instruction and example), as it
-    is by default (``engine_ms``: the attention kernel native.py picks for this CPU, ``default_kernel``), and
+    is by default (``engine_ms``: the attention kernel eto_train.native picks for this CPU, ``default_kernel``), and
     with the other kernel (the C++ one forced, or torch's: ``decode_kernel=False``), so that
     ``engine_cpp_kernel_ms`` and ``engine_torch_kernel_ms`` stand side by side (the default's own is
     ``engine_ms``); the 577f8ab engine likewise (with ``baseline``: its prefill pads every row to ``context``,
@@ -121,7 +121,7 @@ def decode_step(model, tok, batch: int, context: int, steps: int, shared: int = 
 
     ids = torch.randint(100, 40000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     out = {}
-    cpp_default = KVBatch(model, tok, 1, 8).cache.kernel is not None  # what native.py picks for this CPU
+    cpp_default = KVBatch(model, tok, 1, 8).cache.kernel is not None  # what eto_train.native picks for this CPU
     other = "engine_torch_kernel" if cpp_default else "engine_cpp_kernel"
     with torch.inference_mode():
         for name, ctx in (("engine", context), (other, context), ("weights_only", 1)):
