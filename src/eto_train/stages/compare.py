@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import layout, tracking
-from ..config import BCSection, Config, DPOSection, dotted_overrides, typed
+from ..config import BCSection, Config, DPOSection, dotted_overrides
 from ..distributed import grad_accum, is_main, world_size
 from ..envs import check_splits
 from ..evaluation import behaviour, comparison
@@ -128,8 +128,8 @@ def rollout_cost(stats: dict[str, Any]) -> dict[str, int]:
     return {"episodes": total - value, "value_rollouts": value, "total": total}
 
 
-def run(cfg) -> dict[str, Any]:
-    cfg = typed(cfg)  # compare.control_of among compare.variants, the variants among compare.arms: the schema's rules
+def run(cfg: Config) -> dict[str, Any]:
+    # the CLI typed cfg: compare.control_of among compare.variants, the variants among compare.arms (the schema's rules)
     console = Console(width=120, markup=False)
     cc = cfg.compare
     control_of = cc.control_of

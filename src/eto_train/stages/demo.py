@@ -15,15 +15,14 @@ from pathlib import Path
 from rich.console import Console
 
 from .. import layout
-from ..config import typed
+from ..config import Config
 from . import bc, compare, eto, evaluate, experts, model, reading, report
 
 # the `eto-train <stage>` lines of scripts/demo.sh, in order
 STAGES = ("experts", "model", "bc", "eval", "eto", "compare", "reading", "report")
 
 
-def run(cfg) -> Path:
-    cfg = typed(cfg)
+def run(cfg: Config) -> Path:
     experts.run(cfg)   # 1. the gold path of each training task
     model.run(cfg)     # 2. the base model (built for model=tiny, used as it is for a shipped one)
     bc.run(cfg)        # 3. behavior cloning on the expert conversations

@@ -13,11 +13,11 @@ import json
 from typing import Any
 
 from ..export import ExportConfig, export_training_data
-from ..config import typed
+from ..config import Config
 
 
-def run(cfg) -> dict[str, Any]:
-    ex = typed(cfg).export.plain()  # the keys given: ExportConfig's own defaults for the rest
+def run(cfg: Config) -> dict[str, Any]:
+    ex = cfg.export.plain()  # the keys given: ExportConfig's own defaults for the rest
     inputs, output = ex.pop("inputs"), ex.pop("output")
     report = export_training_data(list(inputs), output, ExportConfig(**ex))
     print(json.dumps(report, indent=1))

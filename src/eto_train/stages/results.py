@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .. import layout, results
-from ..config import typed
+from ..config import Config
 from ..errors import ConfigError
 
 
@@ -33,8 +33,7 @@ def _inside(run: Path, path: Path, key: str) -> str:
     return rel
 
 
-def run(cfg) -> dict:
-    cfg = typed(cfg)
+def run(cfg: Config) -> dict:
     r = cfg.results
     if r is None or r.dir is None:
         raise ConfigError("results.dir: null: name the folder that keeps the results (outside runs/, e.g. "
