@@ -82,7 +82,7 @@ def test_runtime_cpu_kernels_false_builds_nothing(monkeypatch, tiny_model_dir):
         typed(bad)
     monkeypatch.setattr(native, "_built", {})
     monkeypatch.setattr(ext, "load", lambda *a, **kw: pytest.fail("a kernel was built with cpu_kernels off"))
-    monkeypatch.setattr(runtime, "_library_hooks", list(runtime._library_hooks))
+    monkeypatch.setattr(runtime, "_library_hooks", runtime._library_hooks)
     try:
         runtime.configure(off)
         assert not native.enabled() and decode_kernel.load() is None and attention_kernel.load() is None

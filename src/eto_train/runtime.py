@@ -102,7 +102,7 @@ def setup_runtime(threads: int | str) -> int:
 
 
 # -- the CPU speed layer's switches: read once per process (configure), asked where they act ------------------
-_library_hooks: list = ["cpu"]  # runtime.library_hooks until configure(): the config's default
+_library_hooks: str | bool = "cpu"  # runtime.library_hooks until configure(): the config's default
 
 
 def configure(section) -> None:
@@ -114,7 +114,8 @@ def configure(section) -> None:
     from . import native
 
     native.enable(section.cpu_kernels)
-    _library_hooks[0] = section.library_hooks
+    global _library_hooks
+    _library_hooks = section.library_hooks
 
 
 def library_hooks() -> bool:
@@ -123,11 +124,11 @@ def library_hooks() -> bool:
     (right-padded rows packed, shared prefixes once; bf16 attention through :mod:`eto_train.native`).
 
     ``cpu`` (the default): where training runs on the CPU, i.e. where torch sees no accelerator (CUDA, XPU, MPS):
-    there they were measured faster (docs/bench.md). Not on a GPU: there TRL's fused head projects only the
+    there they were measured faster (docs/lab/bench.md). Not on a GPU: there TRL's fused head projects only the
     labelled positions already, and the packing was never timed against the libraries' own path (it ran in
     scripts/gpu_smoke.sh on an H200, 2026-12-04: correct, not timed), so a GPU trains with the libraries as they
     are. ``true``: on any device (the same results to rounding); ``false``: never, the CPU included."""
-    setting = _library_hooks[0]
+    setting = _library_hooks
     if setting != "cpu":
         return bool(setting)
     import torch
@@ -141,7 +142,7 @@ def versions() -> dict[str, str]:
     transformers are in (``library_hooks``, :func:`library_hooks`)."""
     from . import native
 
-    hooks = f"{'on' if library_hooks() else 'off'} (runtime.library_hooks={str(_library_hooks[0]).lower()})"
+    hooks = f"{'on' if library_hooks() else 'off'} (runtime.library_hooks={str(_library_hooks).lower()})"
     out = {"python": sys.version.split()[0], "platform": platform.platform(), "cpu_kernels": native.choices(),
            "library_hooks": hooks}
     for p in PACKAGES:

@@ -43,7 +43,7 @@ LDFLAGS = ["-fopenmp"]  # libgomp.so.1: the one torch loaded (same soname), so o
 # /proc/cpuinfo names them. Measured (make bench-real, SmolLM2-135M, 2 threads, 2 cores):
 # - decode step, batch 32, 1,400-token contexts: on an AMD EPYC Zen 4 (avx512f, avx512_bf16) 146.6 ms with the C++
 #   kernel against 185.5 with torch's (fa5b038, 2026-12-05); on an AMD EPYC Zen 3 (AVX2 only: plain loops) 435
-#   against 345 (2026-12-06; docs/bench.md);
+#   against 345 (2026-12-06; docs/lab/bench.md);
 # - bf16 training on the Zen 4: BC 1.44x and DPO 1.37x tokens/s with the C++ kernel; its bf16 matmuls need the
 #   CPU's bf16 dot products (avx512_bf16): on the Zen 3, without them, a bf16 matmul is ~80x slower than fp32.
 NEEDS = {"decode_attention": ("avx512f",), "causal_attention": ("avx512f", "avx512_bf16")}

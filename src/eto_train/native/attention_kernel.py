@@ -13,7 +13,7 @@ another device, no kernel built, a CPU without avx512f and avx512_bf16: :mod:`et
 Measured on SmolLM2-135M's shapes (9 query heads on 3, head size 64), two threads, forward + backward, against
 torch's CPU flash kernel: 400 tokens 2.8 against 8.4 ms, 640 tokens 8.1 against 16.5, 1,024 tokens 18.7 against
 30.1; 2,048 tokens 120 against 101 (the scores no longer stay in cache), hence :data:`MAX_LEN`. Errors against
-float64 of the same order as the flash kernel's (docs/bench.md).
+float64 of the same order as the flash kernel's (docs/lab/bench.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 // Written by hand because torch's CPU flash-attention kernel does not use the CPU's bf16 dot products: on this
 // box (AMD EPYC Zen 4, AVX512-BF16, no AMX) it ran a 640-token row's 9 heads at ~100 GFLOP/s in bf16 as in fp32,
 // where a bf16 batched matmul of the same shapes runs at 600-780; and as plain torch ops the softmax and its
-// backward (casts, masks, exp) cost more than the matmuls saved (docs/bench.md). The scores are rounded to bf16 by
+// backward (casts, masks, exp) cost more than the matmuls saved (docs/lab/bench.md). The scores are rounded to bf16 by
 // the matmul before the softmax (as transformers' eager attention under autocast does); the softmax is taken in
 // fp32. Rows are [groups of query heads x positions]: row r is position r % L and sees keys 0..r % L.
 #include <torch/extension.h>

