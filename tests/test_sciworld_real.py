@@ -13,7 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from eto_train import layout, results
-from eto_train.evaluation import SCORE_MIN_N, score_comparison, score_markdown
+from eto_train.evaluation import (SCORE_MIN_N, demonstrated_tasks, score_comparison, score_markdown,
+                                  without_demonstrations)
 from eto_train.prompting import PromptConfig, parse_action, rollout_context, system_message
 from eto_train.records import Episode, PolicyRef, Step, to_messages
 from eto_train.store import append_episodes, write_json
@@ -166,6 +167,58 @@ def test_a_task_type_under_the_minimum_gets_no_interval(tmp_path):
     assert "score_diff_ci95" in res["pairs"]["eto - bc"]  # overall: 3 tasks, still an interval
 
 
+class _Lists:
+    """An environment's task lists alone (all demonstrated_tasks reads): split -> ScienceWorld task ids."""
+
+    def __init__(self, **ids: list[str]) -> None:
+        self.ids = ids
+
+    def tasks(self, split: str) -> list:
+        from eto_train.envs.scienceworld import SciWorldTask
+
+        return [SciWorldTask("sciworld", f"type-{t.split('_')[0]}", "x", int(t.split("_")[1]), split,
+                             number=int(t.split("_")[0])) for t in self.ids[split]]
+
+
+def test_the_seen_table_without_its_demonstrations_is_the_same_comparison_on_the_other_tasks(tmp_path):
+    """2 of 12 seen tasks are demonstrations: excluded by id, counted and named; the rest compared by the same
+    function (the same numbers as a split that never held the two), checked against a hand computation."""
+    # two of the twelve seen tasks are also demonstrations (the train list repeats them; 9_0 twice), others not
+    env = _Lists(train=["8_0", "8_20", "9_21", "9_0", "9_0"], seen=T, unseen=["8_40", "9_40"])
+    assert demonstrated_tasks(env, "seen") == ["8_0", "9_0"] and demonstrated_tasks(env, "unseen") == []
+    files, rest = {}, {}
+    for name, scored in (("untuned", UNTUNED), ("bc", BC), ("eto", ETO)):
+        files[name] = layout.episodes(tmp_path / "all" / name, "seen")
+        _episodes(files[name], scored)
+        rest[name] = layout.episodes(tmp_path / "rest" / name, "seen")
+        _episodes(rest[name], {t: v for t, v in scored.items() if t not in ("8_0", "9_0")})
+    full = score_comparison(files, 500, 0)
+    res = without_demonstrations(files, demonstrated_tasks(env, "seen"), 500, 0)
+    assert (res["tasks"], res["excluded"], res["excluded_ids"]) == (12, 2, ["8_0", "9_0"])
+    assert {k: v for k, v in res.items() if k not in ("tasks", "excluded", "excluded_ids")} == score_comparison(
+        rest, 500, 0)
+    assert without_demonstrations(files, ["9_0", "8_99", "8_0"], 500, 0) == res  # one not played: nothing to leave out
+    assert full == score_comparison(files, 500, 0) and full["policies"]["bc"]["n"] == 12  # the full table as it was
+    pol = res["policies"]
+    # by hand, on the 10 others: untuned 8_2 8_4 9_2 9_4 at 10 -> 40 / 10; BC 100 (8_1) + 4 x 50 + 5 x 25 = 425 / 10;
+    # ETO = BC there but 9_5 at 0 (-25): 400 / 10 (its wins on 8_0 and 9_0 are the two left out)
+    assert [pol[n]["n"] for n in pol] == [10, 10, 10]
+    assert pol["untuned"]["mean_score"] == pytest.approx(4.0)
+    assert pol["bc"]["mean_score"] == pytest.approx(42.5) and pol["eto"]["mean_score"] == pytest.approx(40.0)
+    assert pol["bc"]["success"] == pytest.approx(0.1) == pol["eto"]["success"]
+    d = res["pairs"]["eto - bc"]
+    assert d["n"] == 10 and d["score_diff"] == pytest.approx(-2.5) and d["success_diff"] == pytest.approx(0.0)
+    assert d["mcnemar_p"] == pytest.approx(1.0)  # no discordant task left (the full table: 2, p 0.5)
+    assert res["pairs"]["bc - untuned"]["score_diff"] == pytest.approx(38.5)
+    assert res["per_game"]["type-8"]["pairs"]["eto - bc"]["score_diff"] == pytest.approx(0.0)  # 5 tasks: 8_1..8_5
+    assert res["per_game"]["type-9"]["pairs"]["eto - bc"]["score_diff"] == pytest.approx(-5.0)  # -25 / 5
+    md = score_markdown({"seen": {**full, "without_demonstrations": res}, "unseen": full})
+    assert "2 of the 12 seen tasks are also BC demonstrations" in md
+    assert "### seen without demonstrations" in md and ": 8_0, 9_0." in md
+    assert "| eto - bc | 10 | -2.5 [" in md and "| bc | 10 | 42.5 [" in md and "| eto - bc | 12 | +8.3 [" in md
+    assert "unseen without" not in md and md.count("BC demonstrations") == 2
+
+
 # -- a study in pieces: each piece collected as it ends, the scores from the results folder ----------------------
 def _run(tmp_path: Path, with_eto: bool) -> Path:
     run = tmp_path / "run"
@@ -199,9 +252,20 @@ def test_pieces_are_collected_before_eto_ends_and_scored_from_the_folder(tmp_pat
     assert list(last["policies"]) == ["untuned", "bc", "eto"]
     assert last["pairs"]["eto - bc"]["score_diff"] == pytest.approx(100 / 12)
     assert last["pairs"]["bc - untuned"]["score_diff"] == pytest.approx(500 / 12 - 5.0)
+    assert all("without_demonstrations" not in by_split for by_split in table["seed0/p2-eto"].values())
     js, md = results.write_scores(kept, table, 300)
     assert json.loads(js.read_text())["seed0/p2-eto"]["seen"]["policies"]["eto"]["n"] == 12
     assert "## seed0/p2-eto" in md.read_text() and "average score (0-100)" in md.read_text()
+    # the seen tasks that are also demonstrations: the seen table says so, and gives the same without them
+    table = results.scores(kept, ["seen", "unseen"], 300, 0, {"seen": ["9_0", "8_0"], "unseen": []})
+    assert "without_demonstrations" not in table["seed0/p2-eto"]["unseen"]
+    js, md = results.write_scores(kept, table, 300)
+    seen = json.loads(js.read_text())["seed0/p2-eto"]["seen"]
+    assert seen["policies"]["eto"]["n"] == 12 and seen["without_demonstrations"]["policies"]["eto"]["n"] == 10
+    less = seen["without_demonstrations"]
+    assert (less["excluded"], less["excluded_ids"]) == (2, ["8_0", "9_0"])
+    assert less["pairs"]["eto - bc"]["score_diff"] == pytest.approx(-2.5)
+    assert md.read_text().count("### seen without demonstrations") == 2  # both units
 
 
 # -- the experiment and its command ------------------------------------------------------------------------------
@@ -234,8 +298,16 @@ def test_the_experiment_is_typed_and_plays_enough_of_each_split():
         ids = {s: {t.task_id for t in ts} for s, ts in split.items()}
         assert not ids["dev"] & (ids["seen"] | ids["unseen"] | ids["train"]) and len(ids["dev"]) == 22
         assert {t.game for t in split["seen"]} == {t.game for t in split["unseen"]} == types
+        assert (len(split["seen"]), len(split["unseen"])) == (101, 103)  # the rule's counts
     finally:
         env.close()
+    # the rule: "10 of the 101 seen variations are also demonstrations"; none of the unseen. From the lists, as the
+    # results stage computes it for scores.md
+    from eto_train.stages.results import demonstrated
+
+    demo = demonstrated(cfg, list(cfg.eval.splits))
+    assert len(demo["seen"]) == 10 and demo["unseen"] == []
+    assert set(demo["seen"]) <= ids["seen"] & ids["train"]
     script = (ROOT / "lab" / "sciworld_real.sh").read_text()
     assert 'PIECES="untuned bc bc-test eto eto-test"' in script and "experiment=real_sciworld" in script
     assert "eto-train results $A results.unit=" in script

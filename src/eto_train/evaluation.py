@@ -6,7 +6,9 @@ evaluator) are counted and reported but left out of the success rate's denominat
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from collections.abc import Collection
 from typing import Any
 
 from .credit import rates
@@ -104,13 +106,13 @@ BEHAVIOUR = (("invalid_action_rate", "invalid"), ("unparsed_rate", "unparsed"), 
              ("redundant_action_rate", "redundant"), ("premature_stop_rate", "premature stop"))
 
 
-def behaviour(path) -> dict[str, float]:
+def behaviour(path, exclude: Collection[str] = ()) -> dict[str, float]:
     """The behaviour rates of an episodes file beside success (``credit.rates``): invalid_action_rate,
     loop_rate, redundant_action_rate, premature_stop_rate over the policy-accountable episodes, and
-    unparsed_rate (:func:`unparsed_rate`)."""
+    unparsed_rate (:func:`unparsed_rate`); the episodes of the task ids in ``exclude`` left out."""
     from .store import read_episodes
 
-    episodes = read_episodes(path)
+    episodes = [e for e in read_episodes(path) if e.task_id not in exclude]
     return {**rates(episodes), "unparsed_rate": unparsed_rate(episodes)}
 
 
@@ -214,14 +216,16 @@ def _score_diff(a: dict[str, tuple[str, float, bool]], b: dict[str, tuple[str, f
                   "mcnemar_p": mcnemar_exact(wa, wb)}
 
 
-def score_comparison(files: dict[str, Any], n_boot: int, seed: int) -> dict[str, Any]:
+def score_comparison(files: dict[str, Any], n_boot: int, seed: int, exclude: Collection[str] = ()) -> dict[str, Any]:
     """Policies' episode files on one split (in the order given: e.g. untuned, bc, eto) -> each policy's average
     final score (0-100) with a bootstrap 95% interval and its success with a Wilson interval; every later policy
     against every earlier one (``"<later> - <earlier>"``), paired on the tasks both played: the score difference in
     points and the success difference in points, each with a paired bootstrap 95% interval; the same per game
     (task type), where the intervals are left out below :data:`SCORE_MIN_N` tasks; and each policy's behaviour
-    rates (:func:`behaviour`: invalid, unparsed, loops, redundant, premature stop)."""
-    res = {n: scores(f) for n, f in files.items()}
+    rates (:func:`behaviour`: invalid, unparsed, loops, redundant, premature stop). ``exclude``: task ids left out
+    of every number (:func:`without_demonstrations`: the split less the tasks BC was shown)."""
+    exclude = frozenset(exclude)
+    res = {n: {t: v for t, v in scores(f).items() if t not in exclude} for n, f in files.items()}
     names = list(files)
     games = sorted({g for s in res.values() for g, _, _ in s.values()})
 
@@ -240,22 +244,58 @@ def score_comparison(files: dict[str, Any], n_boot: int, seed: int) -> dict[str,
         return {"policies": pol, "pairs": pairs}
 
     return {**table(None), "per_game": {g: table(g) for g in games},
-            "behaviour": {n: behaviour(f) for n, f in files.items()}}
+            "behaviour": {n: behaviour(f, exclude) for n, f in files.items()}}
+
+
+def demonstrated_tasks(env, split: str, train: str = "train") -> list[str]:
+    """The task ids of ``split`` that ``env``'s ``train`` split lists too, in ``split``'s order: the test tasks BC
+    was shown a demonstration of. The one place the overlap is computed, from the task lists themselves.
+
+    Why: ETO's ScienceWorld train list repeats variations of its ``seen`` list (54 over its 24 types:
+    configs/env/sciworld.yaml), so a policy's seen score mixes tasks it was cloned on with tasks it was not. The rule of
+    ScienceWorld on the real model (docs/lab/experiments.md, 2026-12-06) promises that the seen table says how
+    many of its variations are also demonstrations and gives the score without them as well
+    (:func:`without_demonstrations`). The expert stage plays (``experts.source: gold``) or binds (an imported
+    file) exactly the training split's tasks, and a task is identified by its id (ScienceWorld:
+    ``<task number>_<variation>``), so the overlap is the ids both lists hold; a gold path that did not win is
+    counted as a demonstration still (it is in the experts file; BC's ``only_success`` skips it), which can only
+    leave out more, never keep a demonstrated task in. A ``dev`` split held out of train (``env.dev_holdout``)
+    never holds a test task (envs/holdout.py), so ``train`` here is what BC and exploration saw."""
+    seen = {t.task_id for t in env.tasks(train)}
+    out: list[str] = []
+    for t in env.tasks(split):
+        if t.task_id in seen and t.task_id not in out:
+            out.append(t.task_id)
+    return out
+
+
+def without_demonstrations(files: dict[str, Any], demonstrated: Collection[str], n_boot: int,
+                           seed: int) -> dict[str, Any]:
+    """:func:`score_comparison` of the same files on the split's tasks less ``demonstrated`` (the ids
+    :func:`demonstrated_tasks` gives), with ``tasks`` (how many tasks some policy played and is scored on),
+    ``excluded`` (how many of those are demonstrated ones, left out) and ``excluded_ids`` (which, sorted)."""
+    played = {t for f in files.values() for t in scores(f)}
+    ids = sorted(played & set(demonstrated),
+                 key=lambda t: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", t)])
+    return {"tasks": len(played), "excluded": len(ids), "excluded_ids": ids,
+            **score_comparison(files, n_boot, seed, exclude=ids)}
 
 
 def score_markdown(by_split: dict[str, dict[str, Any]], level_note: str = "") -> str:
     """The tables of :func:`score_comparison` per split: each policy (score, success, behaviour rates), the paired
-    differences, and per task type each policy's score with the differences."""
+    differences, and per task type each policy's score with the differences. A split that holds tasks BC was
+    shown (``without_demonstrations``, :func:`without_demonstrations`) says how many, and gives the same tables
+    again without them."""
     def num(x, ci=None, signed=False) -> str:
         if x is None:
             return "-"
         s = f"{x:+.1f}" if signed else f"{x:.1f}"
         return s + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if signed and ci else f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
 
-    lines: list[str] = []
-    for split, res in by_split.items():
-        lines += [f"### {split}", "", "| policy | n | average score (0-100) [95% CI] | success % [95% CI] | invalid | "
-                  "unparsed | loops | redundant | premature stop |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def tables(res: dict[str, Any]) -> list[str]:
+        lines = ["| policy | n | average score (0-100) [95% CI] | success % [95% CI] | invalid | "
+                 "unparsed | loops | redundant | premature stop |",
+                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, r in res["policies"].items():
             b = res["behaviour"].get(name, {})
             succ = None if r["success"] is None else 100 * r["success"]
@@ -278,7 +318,21 @@ def score_markdown(by_split: dict[str, dict[str, Any]], level_note: str = "") ->
                 lines.append(f"| {game} | {n} | " + " | ".join(num(g["policies"][x]["mean_score"]) for x in names)
                              + " | " + " | ".join(num(g["pairs"][p]["score_diff"], g["pairs"][p].get("score_diff_ci95"),
                                                       True) for p in pairs) + " |")
-        lines.append("")
+        return lines + [""]
+
+    lines: list[str] = []
+    for split, res in by_split.items():
+        lines += [f"### {split}", ""]
+        shown = res.get("without_demonstrations")
+        if shown:
+            lines += [f"{shown['excluded']} of the {shown['tasks']} {split} tasks are also BC demonstrations (the "
+                      f"training list repeats them): the tables count them; \"{split} without demonstrations\" below "
+                      f"leaves them out.", ""]
+        lines += tables(res)
+        if shown:
+            lines += [f"### {split} without demonstrations", "",
+                      f"The same tables without the {shown['excluded']} {split} tasks that are also BC demonstrations: "
+                      + ", ".join(shown["excluded_ids"]) + ".", "", *tables(shown)]
     if level_note:
         lines += [level_note, ""]
     return "\n".join(lines)

@@ -234,12 +234,15 @@ def policy_evaluations(src: Source) -> dict[str, Path]:
     return out
 
 
-def scores(folder: Path, splits: list[str], n_boot: int, seed: int) -> dict[str, Any]:
+def scores(folder: Path, splits: list[str], n_boot: int, seed: int,
+           demonstrated: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The paper's ScienceWorld metric over a results folder: for each unit, each split of ``splits`` its policies
     (:func:`policy_evaluations`) played, :func:`eto_train.evaluation.score_comparison` (average final score 0-100,
     success, the paired differences, per task type, behaviour rates). ``{unit: {split: ...}}``; units without
-    an evaluation of those splits are left out."""
-    from .evaluation import score_comparison
+    an evaluation of those splits are left out. ``demonstrated``: split -> its task ids that are also
+    demonstrations (:func:`eto_train.evaluation.demonstrated_tasks`); a split with any gets the same comparison
+    without them too, under ``without_demonstrations`` (:func:`eto_train.evaluation.without_demonstrations`)."""
+    from .evaluation import score_comparison, without_demonstrations
 
     out: dict[str, Any] = {}
     for src in sources(folder):
@@ -249,6 +252,9 @@ def scores(folder: Path, splits: list[str], n_boot: int, seed: int) -> dict[str,
             files = {n: layout.episodes(p, split) for n, p in evals.items() if layout.episodes(p, split).exists()}
             if files:
                 by_split[split] = score_comparison(files, n_boot, seed)
+                if (demonstrated or {}).get(split):
+                    by_split[split]["without_demonstrations"] = without_demonstrations(files, demonstrated[split],
+                                                                                       n_boot, seed)
         if by_split:
             out[src.name] = by_split
     return out

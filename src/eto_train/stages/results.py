@@ -6,8 +6,10 @@
 
 With ``env.metric: mean_score`` (ScienceWorld, WebShop) it writes ``scores.json`` / ``scores.md`` beside the seeds'
 table too: each unit's policies (untuned, BC, ETO) by the paper's metric, average final score, with success, the
-paired differences and the behaviour rates (results.scores). ``results.partial=true`` collects a run whose eto has
-not finished yet (a piece of a study played in pieces, under its own unit name).
+paired differences and the behaviour rates (results.scores); a split that repeats training tasks (ScienceWorld's
+``seen``: ETO's train list holds some of its variations) gets the same tables without them as well
+(:func:`demonstrated`). ``results.partial=true`` collects a run whose eto has not finished yet (a piece of a study
+played in pieces, under its own unit name).
 
 With ``seeds`` each seed's run folder (seeds.py) is collected as ``seed<k>/<results.unit or all>``; without,
 the run folder is seed ``seed``'s unit. What is kept and why: :mod:`eto_train.results`.
@@ -33,6 +35,19 @@ def _inside(run: Path, path: Path, key: str) -> str:
     return rel
 
 
+def demonstrated(cfg: Config, splits: list[str]) -> dict[str, list[str]]:
+    """Each split's task ids that the training split (the demonstrations) lists too, from the environment's task
+    lists (no simulator starts): :func:`eto_train.evaluation.demonstrated_tasks`."""
+    from ..envs import make_env
+    from ..evaluation import demonstrated_tasks
+
+    env = make_env(cfg.env.plain())
+    try:
+        return {s: demonstrated_tasks(env, s) for s in splits}
+    finally:
+        env.close()
+
+
 def run(cfg: Config) -> dict:
     r = cfg.results
     if r is None or r.dir is None:
@@ -56,7 +71,8 @@ def run(cfg: Config) -> dict:
     js, md = results.write(folder, every)
     console.print(f"[results] {', '.join(every)} over {len(results.sources(folder))} unit(s) -> {js}, {md}")
     if cfg.env.metric == "mean_score":  # the paper's metric there (ScienceWorld, WebShop): average final score
-        table = results.scores(folder, list(cfg.eval.splits), cfg.compare.bootstrap, cfg.seed)
+        splits = list(cfg.eval.splits)
+        table = results.scores(folder, splits, cfg.compare.bootstrap, cfg.seed, demonstrated(cfg, splits))
         if table:
             js, md = results.write_scores(folder, table, cfg.compare.bootstrap)
             console.print(f"[results] average final score of {len(table)} unit(s) -> {js}, {md}")
