@@ -217,13 +217,13 @@ def rollouts(real, env: str, out: Path) -> dict:
     """The episodes of ``env`` played by each in-process engine, rotated, ``real.repeats`` times."""
     from benchmarks import PlainGenerate, episode_outputs, spread
 
-    from eto_train.config import typed
+    from eto_train.config import load
     from eto_train.envs import make_env
     from eto_train.model.load import load_model, load_tokenizer, policy_ref
     from eto_train.prompting import PromptConfig
     from eto_train.rollouts.loop import GenerationConfig, Policy, RolloutConfig, run_rollouts
 
-    cfg = typed(_compose(env_overrides(real, env)))
+    cfg = load(_compose(env_overrides(real, env)))
     path = str(cfg.model.path)
     tok, model = load_tokenizer(path), load_model(path, dtype="float32")
     policy = Policy(model, tok, GenerationConfig(**cfg.rollout.generation.model_dump()), cfg.model.max_context)
@@ -310,7 +310,7 @@ def vllm(real, env: str, out: Path) -> dict:
 def training(real, out: Path, peak: dict) -> dict:
     """BC and DPO steps on the real model: real (unpadded) tokens per second and the fraction of the fp32
     matmul peak at the training thread count."""
-    from eto_train.config import typed
+    from eto_train.config import load
     from eto_train.envs import make_env
     from eto_train.experts import expert_episode
     from eto_train.model.load import load_model, load_tokenizer
@@ -318,7 +318,7 @@ def training(real, out: Path, peak: dict) -> dict:
     from eto_train.prompting import PromptConfig
 
     t = real.train
-    cfg = typed(_compose(env_overrides(real, "twx")))
+    cfg = load(_compose(env_overrides(real, "twx")))
     threads = setup_runtime(real.threads)
     path = str(cfg.model.path)
     tok = load_tokenizer(path)

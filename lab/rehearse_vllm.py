@@ -117,11 +117,14 @@ class EngineLog:
 
 
 def compose(overrides: list[str]):
+    """configs/config.yaml composed with ``overrides`` and typed once (config.load): what the stages take."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from eto_train.config import load
+
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="rehearse_vllm"):
-        return hydra_compose("config", overrides=overrides)
+        return load(hydra_compose("config", overrides=overrides))
 
 
 def play_run(overrides: list[str]) -> dict:

@@ -241,6 +241,7 @@ def test_a_refused_nan_checkpoint_leaves_no_empty_evaluation_folder(tmp_path, ti
     from hydra import compose, initialize_config_dir
     from safetensors.torch import load_file, save_file
 
+    from eto_train.config import load
     from eto_train.rollouts import play
     from eto_train.stages.evaluate import evaluate_policy
     from eto_train.training.save import NonFiniteError
@@ -254,7 +255,7 @@ def test_a_refused_nan_checkpoint_leaves_no_empty_evaluation_folder(tmp_path, ti
     save_file(weights, str(nan / "model.safetensors"), metadata={"format": "pt"})
     monkeypatch.setattr(play, "make_policy", lambda *a, **k: pytest.fail("a NaN policy was loaded to play"))
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="nan"):
-        cfg = compose("config", overrides=[f"paths.runs={tmp_path}/runs", "run_name=r", *TOY])
+        cfg = load(compose("config", overrides=[f"paths.runs={tmp_path}/runs", "run_name=r", *TOY]))
     out = tmp_path / "runs" / "r" / "eval" / "nan"
     with pytest.raises(NonFiniteError):
         evaluate_policy(cfg, str(nan), "nan", ["seen"], out)

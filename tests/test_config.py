@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from eto_train.config import Config, ConfigError, RolloutSection, errors_of, load, typed
+from eto_train.config import Config, ConfigError, RolloutSection, errors_of, load, require
 from eto_train.trl_names import dpo_loss_types, package_file, scheduler_types
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -385,7 +385,7 @@ def test_struct_mode_rejects_an_unknown_key_at_any_depth(override):
         compose([override])
 
 
-# -- at a stage entry: fail in seconds, touch nothing -------------------------------------------------
+# -- at the entry point: fail in seconds, touch nothing ------------------------------------------------
 EVAL = ["run_name=val", "env.step_limit=2", "env.splits.seen.count=1", "eval.splits=[seen]", "rollout.batch_size=2",
         "rollout.generation.max_new_tokens=4", "eval.tag=bc", "wandb.enabled=false", "runtime.rollout_threads=1"]
 
@@ -400,7 +400,7 @@ def finished_eval(tiny_model_dir, tmp_path_factory):
 
     runs = tmp_path_factory.mktemp("runs")
     over = [f"paths.runs={runs}", f"eval.policy={tiny_model_dir}", *EVAL]
-    evaluate.run(compose(over))
+    evaluate.run(load(compose(over)))
     out = runs / "val" / "eval" / "bc" / "seen"
     assert (out / "metrics.json").exists() and (out / "manifest.json").exists()
     return {"overrides": over, "run": runs / "val"}
@@ -418,7 +418,7 @@ def test_a_bad_value_stops_make_eval_and_leaves_the_finished_stage_as_it_was(fin
     before = _snapshot(finished_eval["run"])
     cfg = compose([*finished_eval["overrides"], bad])
     with pytest.raises(ConfigError, match=re.escape(message)):
-        evaluate.run(cfg)
+        evaluate.run(load(cfg))  # typed once, at the entry point (the CLI's, here the test's)
     assert _snapshot(finished_eval["run"]) == before  # every file byte for byte, nothing added or removed
 
 
@@ -437,9 +437,40 @@ def test_a_typed_section_gives_back_the_yaml_dict_so_stage_hashes_keep_their_val
     assert "quantization" not in to_plain(load(compose([])).model)  # unset optional keys stay out
 
 
-def test_typed_is_a_no_op_on_a_config_and_a_config_survives_pickle_and_with_values():
+# The stage entries, each called as a test or a lab/ script would: (module, function, the arguments after cfg).
+ENTRIES = [("experts", "run", ()), ("model", "run", ()), ("bc", "run", ()), ("evaluate", "run", ()),
+           ("evaluate", "evaluate_policy", ("policy", "bc", ["seen"], "out")), ("reading", "run", ()),
+           ("report", "run", ()), ("pretrain", "run", ()), ("eto", "run", ()), ("eto", "run_next_iteration", ()),
+           ("eto", "run_iteration", (1, "policy"))]
+
+
+@pytest.mark.parametrize("module,function,args", ENTRIES, ids=[f"{m}.{f}" for m, f, _ in ENTRIES])
+def test_a_stage_entry_given_a_dictconfig_stops_at_once_naming_itself_and_config_load(module, function, args, tmp_path):
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    entry = getattr(importlib.import_module(f"eto_train.stages.{module}"), function)
+    hand_made = OmegaConf.create({"paths": {"runs": str(tmp_path / "runs"), "run": str(tmp_path / "runs" / "r")},
+                                  "run_name": "r", "model": {"build": True}, "eval": {"splits": ["seen"]}})
+    where = f"eto_train.stages.{module}.{function}"
+    with pytest.raises(TypeError, match=rf"^{re.escape(where)} takes the typed eto_train.config.Config, not a "
+                                        rf"DictConfig: call eto_train.config.load\(cfg\) first"):
+        entry(hand_made, *args)
+    assert list(tmp_path.iterdir()) == []  # nothing made
+
+
+def test_require_gives_back_a_config_and_refuses_a_dict():
     c = load(compose([]))
-    assert typed(c) is c and typed(compose([])) == c
+    assert require(c, "here") is c
+    with pytest.raises(TypeError, match=r"^here takes the typed eto_train.config.Config, not a dict: call "
+                                        r"eto_train.config.load\(cfg\) first"):
+        require({"paths": {}}, "here")
+
+
+def test_load_is_a_no_op_on_a_config_and_a_config_survives_pickle_and_with_values():
+    c = load(compose([]))
+    assert load(c) is c and load(compose([])) == c
     assert pickle.loads(pickle.dumps(c)) == c
     step = c.with_values({"eto.pairs.contrast": "step", "rollout.batch_size": 4})
     assert (step.eto.pairs.contrast, step.rollout.batch_size, c.eto.pairs.contrast) == ("step", 4, "trajectory")

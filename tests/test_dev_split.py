@@ -35,11 +35,12 @@ def _yaml(path: str) -> dict:
 
 
 def compose(overrides: list[str]):
+    """configs/config.yaml composed with ``overrides`` and typed once (config.load): what the ETO loop takes."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(str(CONFIGS), version_base="1.3", job_name="test_dev_split"):
-        return hydra_compose("config", overrides=overrides)
+        return load(hydra_compose("config", overrides=overrides))
 
 
 # -- the holdout on a stand-in environment ----------------------------------------------------
@@ -325,5 +326,5 @@ def test_selection_settings_are_checked_before_any_work(overrides, message, tmp_
     (["eto=paper"], (None, "success_rate", False)),
 ])
 def test_valid_selection_settings_pass(overrides, expected):
-    sel = eto.check_selection(load(compose(overrides)))  # a stage's steps get the typed config
+    sel = eto.check_selection(compose(overrides))  # a stage's steps get the typed config
     assert (sel.dev_split, sel.metric, sel.early_stopping) == expected

@@ -30,10 +30,13 @@ from eto_train.manifest import NEXT, Stage
 
 
 def _compose(overrides: list[str]):
+    """configs/config.yaml composed with ``overrides`` and typed once (config.load): what a stage takes."""
     from hydra import compose, initialize_config_dir
 
+    from eto_train.config import load
+
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="durability"):
-        return compose("config", overrides=overrides)
+        return load(compose("config", overrides=overrides))
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -90,9 +93,9 @@ def test_eval_rerun_with_a_bad_setting_fails_before_touching_the_finished_episod
     seen = toy["run"] / "eval" / "bc" / "seen"
     before = files(seen)
     _no_rollouts(monkeypatch)
-    cfg = _compose(toy["overrides"] + ["rollout.backend=hff"])  # stage level: past the config checker
     with pytest.raises(ValueError, match=r"rollout.backend='hff'"):  # before any rollout (_no_rollouts)
-        evaluate_policy(cfg, str(toy["run"] / "bc" / "model"), "bc", ["seen"], seen.parent)
+        evaluate_policy(_compose(toy["overrides"] + ["rollout.backend=hff"]), str(toy["run"] / "bc" / "model"), "bc",
+                        ["seen"], seen.parent)
     assert files(seen) == before and manifest(seen)["status"] == "done"
     assert not lock_path(seen).exists()  # released on the way out
 

@@ -74,10 +74,11 @@ def _evaluate_here(runs: Path, policy: Path) -> Path:
     """The same evaluation, played in this process (no second start-up of torch and Hydra to pay)."""
     from hydra import compose, initialize_config_dir
 
+    from eto_train.config import load
     from eto_train.stages import evaluate
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"paths.runs={runs}", f"eval.policy={policy}", *EVAL])
+        cfg = load(compose("config", overrides=[f"paths.runs={runs}", f"eval.policy={policy}", *EVAL]))
     evaluate.run(cfg)
     return runs / "toy" / "eval" / "bc" / "seen" / "episodes.jsonl"
 

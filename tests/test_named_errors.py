@@ -56,11 +56,12 @@ def test_a_mistyped_hub_id_offline_names_the_id_and_how_to_get_weights(offline, 
 def test_the_evaluation_stage_fails_on_it_before_anything_starts(offline, tmp_path):
     from hydra import compose, initialize_config_dir
 
+    from eto_train import config
     from eto_train.stages import evaluate
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"paths.runs={tmp_path / 'runs'}", f"eval.policy={MISTYPED}",
-                                          "runtime.rollout_threads=1"])  # this process keeps 1 thread
+        cfg = config.load(compose("config", overrides=[f"paths.runs={tmp_path / 'runs'}", f"eval.policy={MISTYPED}",
+                                                       "runtime.rollout_threads=1"]))  # this process keeps 1 thread
     with pytest.raises(CheckpointError) as err:
         evaluate.run(cfg)
     _names_the_id_and_the_remedy(str(err.value))
@@ -157,12 +158,13 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_with_both_numbers(grow
 def test_eval_refuses_it_before_anything_is_written(grown_tokenizer, tmp_path):
     from hydra import compose, initialize_config_dir
 
+    from eto_train import config
     from eto_train.stages import evaluate
 
     runs = tmp_path / "runs"
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"paths.runs={runs}", f"eval.policy={grown_tokenizer}",
-                                          "runtime.rollout_threads=1"])
+        cfg = config.load(compose("config", overrides=[f"paths.runs={runs}", f"eval.policy={grown_tokenizer}",
+                                                       "runtime.rollout_threads=1"]))
     with pytest.raises(CheckpointError, match="the tokenizer has 4230 tokens but the embedding has 1230 rows"):
         evaluate.run(cfg)
     assert not runs.exists() or not any(p.is_file() for p in runs.rglob("*"))  # nothing written

@@ -69,17 +69,17 @@ def test_runtime_cpu_kernels_false_builds_nothing(monkeypatch, tiny_model_dir):
     from hydra import compose, initialize_config_dir
 
     from eto_train import runtime
-    from eto_train.config import ConfigError, typed
+    from eto_train.config import ConfigError, load
     from eto_train.model.load import load_model, load_tokenizer
     from eto_train.rollouts.kvbatch import KVBatch
 
     root = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(str(root), version_base="1.3"):
-        assert typed(compose("config")).runtime.cpu_kernels is True
-        off = typed(compose("config", overrides=["runtime.cpu_kernels=false"])).runtime
+        assert load(compose("config")).runtime.cpu_kernels is True
+        off = load(compose("config", overrides=["runtime.cpu_kernels=false"])).runtime
         bad = compose("config", overrides=["runtime.cpu_kernels=sometimes"])
     with pytest.raises(ConfigError, match=r"runtime.cpu_kernels"):
-        typed(bad)
+        load(bad)
     monkeypatch.setattr(native, "_built", {})
     monkeypatch.setattr(ext, "load", lambda *a, **kw: pytest.fail("a kernel was built with cpu_kernels off"))
     monkeypatch.setattr(runtime, "_library_hooks", runtime._library_hooks)

@@ -93,11 +93,12 @@ def test_pretraining_seeds_avoid_every_split_of_the_twx_config():
 
 def test_bad_pretrain_values_stop_the_stage_before_anything_is_written(tmp_path):
     # every pretrain.* rule is the typed config's (tests/test_config.py::test_bad_pretrain_values_are_named_at_once)
-    from eto_train.config import ConfigError
+    from eto_train.config import ConfigError, load
     from eto_train.stages import pretrain
 
-    with pytest.raises(ConfigError) as err:
-        pretrain.run(compose([f"paths.runs={tmp_path}", "pretrain.arch.num_heads=7", "pretrain.data.settings=[{game:chess}]"]))
+    with pytest.raises(ConfigError) as err:  # typed once, at the entry point (the CLI's, here the test's)
+        pretrain.run(load(compose([f"paths.runs={tmp_path}", "pretrain.arch.num_heads=7",
+                                   "pretrain.data.settings=[{game:chess}]"])))
     for key in ("pretrain.arch.hidden_size=128: a multiple of pretrain.arch.num_heads=7",
                 "pretrain.data.settings.0.game='chess'", "2 bad config values"):
         assert key in str(err.value), (key, str(err.value))
@@ -267,10 +268,11 @@ def killed(tmp_path_factory):
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
     """The same toy run, uninterrupted, in this process (as `make pretrain` runs it)."""
+    from eto_train.config import load
     from eto_train.stages import pretrain
 
     runs = tmp_path_factory.mktemp("whole")
-    pretrain.run(compose([f"paths.runs={runs}", *TOY]), command="eto-train pretrain <toy overrides>")
+    pretrain.run(load(compose([f"paths.runs={runs}", *TOY])), command="eto-train pretrain <toy overrides>")
     return runs / "toy" / "pretrain"
 
 

@@ -135,10 +135,10 @@ def test_rehearsal_bc_eto_iter_eval_on_the_real_model(real_model, tmp_path):
     from eto_train.stages import bc, eto, evaluate, experts
     from eto_train.store import read_episodes
     from eto_train.training.sft import sft_dataset
-    from test_rehearsal import _compose  # tests/test_rehearsal.py
+    from test_rehearsal import _config  # tests/test_rehearsal.py
 
     overrides = SIZE + [f"model.path={real_model}", f"paths.runs={tmp_path}"]
-    cfg = _compose(overrides)
+    cfg = _config(overrides)
     experts.run(cfg)
     bc.run(cfg)
     run = Path(cfg.paths.run)
@@ -153,7 +153,7 @@ def test_rehearsal_bc_eto_iter_eval_on_the_real_model(real_model, tmp_path):
         assert all(mask[j - 1] for j in closing)
     k, policy = eto.latest_policy(cfg)
     summary = eto.run_iteration(cfg, k + 1, policy)
-    cfg = _compose(overrides + [f"eval.policy={summary['policy']}", "eval.tag=iter1"])
+    cfg = _config(overrides + [f"eval.policy={summary['policy']}", "eval.tag=iter1"])
     evaluate.run(cfg)
     # the model's own text became actions, and what did not parse is counted
     explored = read_episodes(run / "eto" / "iter1" / "explore" / "episodes.jsonl")

@@ -72,6 +72,13 @@ def _compose(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
+def _config(overrides: list[str]):
+    """:func:`_compose` typed once (config.load): what a stage takes."""
+    from eto_train.config import load
+
+    return load(_compose(overrides))
+
+
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory):
     root = tmp_path_factory.mktemp("fixture_models")
@@ -88,13 +95,13 @@ def overrides(name: str, fixtures, alfworld_data: Path | None, runs: Path) -> li
 def rehearse(overrides: list[str]) -> dict:
     from eto_train.stages import bc, eto, evaluate, experts, model
 
-    cfg = _compose(overrides)
+    cfg = _config(overrides)
     experts.run(cfg)                       # make bc: experts -> model (a no-op here) -> bc
     model.run(cfg)
     bc.run(cfg)
     k, policy = eto.latest_policy(cfg)    # make eto-iter
     summary = eto.run_iteration(cfg, k + 1, policy)
-    cfg = _compose(overrides + [f"eval.policy={summary['policy']}", "eval.tag=iter1"])
+    cfg = _config(overrides + [f"eval.policy={summary['policy']}", "eval.tag=iter1"])
     evaluate.run(cfg)                      # make eval
     return {"cfg": cfg, "summary": summary}
 
@@ -127,7 +134,7 @@ def test_qlora_experiment_stops_with_a_clear_error_before_writing(name, fixtures
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # with it, QLoRA runs on a CPU (tests/test_master_weights.py)
 
-    cfg = _compose(overrides(name, fixtures, tmp_path / "no-alfworld-data-needed", tmp_path))
+    cfg = _config(overrides(name, fixtures, tmp_path / "no-alfworld-data-needed", tmp_path))
     if cfg.env.name == "sciworld":
         experts.run(cfg)  # the stage before bc, so that bc fails on the quantization alone
     with pytest.raises(RuntimeError, match=r"model.quantization .* needs a CUDA GPU"):

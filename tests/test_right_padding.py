@@ -315,13 +315,13 @@ def test_runtime_library_hooks_in_the_config():
 
     from hydra import compose, initialize_config_dir
 
-    from eto_train.config import ConfigError, typed
+    from eto_train.config import ConfigError, load
 
     root = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(str(root), version_base="1.3"):
-        assert typed(compose("config")).runtime.library_hooks == "cpu"
+        assert load(compose("config")).runtime.library_hooks == "cpu"
         for value, want in (("true", True), ("false", False)):
-            assert typed(compose("config", overrides=[f"runtime.library_hooks={value}"])).runtime.library_hooks is want
+            assert load(compose("config", overrides=[f"runtime.library_hooks={value}"])).runtime.library_hooks is want
         bad = compose("config", overrides=["runtime.library_hooks=sometimes"])
     with pytest.raises(ConfigError, match=r"runtime.library_hooks='sometimes': .*one of 'cpu', true, false"):
-        typed(bad)
+        load(bad)

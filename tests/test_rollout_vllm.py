@@ -194,7 +194,7 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
     own eval.rollout keys win over rollout.*; an unknown backend is refused by the config, by name."""
     from hydra import compose, initialize_config_dir
 
-    from eto_train.config import ConfigError, typed
+    from eto_train.config import ConfigError, load
     from eto_train.rollouts import play
 
     made = {}
@@ -206,7 +206,7 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
     monkeypatch.setattr(VLLMPolicy, "from_checkpoint", staticmethod(fake_from_checkpoint))
     root = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(str(root), version_base="1.3"):
-        cfg = typed(compose("config", overrides=["rollout.backend=vllm", "rollout.vllm.gpu_memory_utilization=0.5",
+        cfg = load(compose("config", overrides=["rollout.backend=vllm", "rollout.vllm.gpu_memory_utilization=0.5",
                                                  "seed=3", "+eval.rollout.generation.max_new_tokens=12"]))
         bad = compose("config", overrides=["rollout.backend=tgi"])
     settings = cfg.rollout.merged(cfg.eval.rollout)
@@ -216,7 +216,7 @@ def test_backend_chosen_by_config(monkeypatch, tmp_path):
     assert made["gpu_memory_utilization"] == 0.5 and made["seed"] == 3 and made["max_num_seqs"] == 256
     assert made["max_context"] == cfg.model.max_context and made["dtype"] == cfg.model.dtype
     with pytest.raises(ConfigError, match=r"rollout.backend='tgi': the rollout engine: one of 'auto', 'hf', 'vllm'"):
-        typed(bad)
+        load(bad)
 
 
 def test_auto_backend_is_vllm_whenever_it_is_installed(monkeypatch, capsys):
@@ -229,7 +229,7 @@ def test_auto_backend_is_vllm_whenever_it_is_installed(monkeypatch, capsys):
     import torch
     from hydra import compose, initialize_config_dir
 
-    from eto_train.config import typed
+    from eto_train.config import load
     from eto_train.rollouts import play
 
     installed = {"vllm": False}
@@ -257,7 +257,7 @@ def test_auto_backend_is_vllm_whenever_it_is_installed(monkeypatch, capsys):
     monkeypatch.setattr(VLLMPolicy, "from_checkpoint", staticmethod(lambda path, *a, **kw: made.append(path) or "vllm"))
     root = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(str(root), version_base="1.3"):
-        cfg = typed(compose("config"))
+        cfg = load(compose("config"))
     assert cfg.rollout.backend == "auto"                          # the shipped default
     settings = cfg.rollout.merged(cfg.eval.rollout)
     assert play.make_policy(cfg, "some/ckpt", settings) == "vllm" and made == ["some/ckpt"]

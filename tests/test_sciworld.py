@@ -124,6 +124,7 @@ def test_scoring_failure_ends_the_episode(env):
 def test_rollouts_and_the_experts_stage_run_on_sciworld(env, prompt, tmp_path):
     from hydra import compose, initialize_config_dir
 
+    from eto_train.config import load
     from eto_train.records import PolicyRef
     from eto_train.rollouts.loop import run_rollouts
     from eto_train.stages import experts
@@ -140,8 +141,8 @@ def test_rollouts_and_the_experts_stage_run_on_sciworld(env, prompt, tmp_path):
     assert sorted((e.task_id.split("_")[0], e.status, e.num_steps) for e in eps) == [("11", "max_steps", 15),
                                                                                    ("20", "max_steps", 10)]
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="test_sciworld"):
-        cfg = compose("config", overrides=["env=sciworld", "env.tasks=[11,18]", "env.limit_per_task=1", "env.dev_holdout=0",
-                                           f"paths.runs={tmp_path}", "wandb.enabled=false"])
+        cfg = load(compose("config", overrides=["env=sciworld", "env.tasks=[11,18]", "env.limit_per_task=1",
+                                                "env.dev_holdout=0", f"paths.runs={tmp_path}", "wandb.enabled=false"]))
     experts.run(cfg)
     out = read_episodes(cfg.paths.experts)
     assert len(out) == 2 and all(e.status == "success" for e in out)

@@ -249,6 +249,13 @@ def _compose(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
+def _config(overrides: list[str]):
+    """:func:`_compose` typed once (config.load): what a stage takes."""
+    from eto_train.config import load
+
+    return load(_compose(overrides))
+
+
 def test_pipeline_experts_bc_eto_iteration_eval_on_the_fake_shop(tmp_path):
     from eto_train.stages import bc, eto, evaluate, experts, model
 
@@ -256,13 +263,13 @@ def test_pipeline_experts_bc_eto_iteration_eval_on_the_fake_shop(tmp_path):
     over = ["env=webshop", f"env.text_env={FAKE}", f"env.data_dir={data}", "env.splits.train=train.json",
             "env.splits.seen=seen.json", "env.dev_holdout=1",  # dev: one training goal held out
             f"paths.runs={tmp_path / 'runs'}", "run_name=webshop", *SIZE]
-    cfg = _compose(over)
+    cfg = _config(over)
     experts.run(cfg)
     model.run(cfg)
     bc.run(cfg)
     k, policy = eto.latest_policy(cfg)
     summary = eto.run_iteration(cfg, k + 1, policy)
-    cfg = _compose(over + [f"eval.policy={summary['policy']}", "eval.tag=iter1"])
+    cfg = _config(over + [f"eval.policy={summary['policy']}", "eval.tag=iter1"])
     evaluate.run(cfg)
 
     run = Path(cfg.paths.run)
@@ -335,7 +342,7 @@ def test_bc_on_imported_experts_needs_no_webshop_install_and_make_eto_says_so_be
     source.write_text(json.dumps([{"id": 0, "reward": 0.8, "conversations": conv}, {"id": 3, "conversations": conv}]))
     over = ["experiment=webshop_llama2_7b", f"experts.source={source}", f"paths.runs={tmp_path / 'runs'}",
             "env.text_env=web_agent_site_absent.envs:WebAgentTextEnv", "wandb.enabled=false"]
-    cfg = _compose(over)
+    cfg = _config(over)
     experts.run(cfg)
     assert [(e.task_id, e.final_score) for e in read_episodes(cfg.paths.experts)] == [("0", 0.8), ("3", 1.0)]
     with pytest.raises(ImportError, match=r"env.text_env=web_agent_site_absent.envs:WebAgentTextEnv: cannot import"):

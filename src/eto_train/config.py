@@ -1,11 +1,13 @@
 """The typed config: one pydantic model per section of configs/, validated once (:func:`load`).
 
-The CLI calls :func:`load` once and hands the stage the typed :class:`Config`; a stage's entry
-(``run(cfg)``, the functions a test or a script calls with a composed DictConfig) starts with
-``cfg = typed(cfg)``, and its steps (ETO's explore, pairs, dpo, ...) take the Config as given.
-So a bad value fails before a model, an environment or a stage folder is opened, and every bad
-key is named at once: one :class:`ConfigError` with a line ``<dotted.key>=<value>: <what is
-allowed>`` per key (the text comes from the field's :class:`Rule`, so the message and the check
+The config is typed once, at the entry point: the CLI calls :func:`load` once and hands the stage
+the typed :class:`Config`, and a test, a lab/ or a scripts/ program that calls a stage composes its
+config and calls :func:`load` once itself. Stage entries (``run(cfg)``, ``evaluate_policy``,
+``run_iteration``, ...) and their steps take the Config as given; an entry reached with anything
+else (a composed DictConfig, a dict) stops at once with a TypeError (:func:`require`). So a bad
+value fails before a model, an environment or a stage folder is opened, and every bad key is
+named at once: one :class:`ConfigError` with a line ``<dotted.key>=<value>: <what is allowed>``
+per key (the text comes from the field's :class:`Rule`, so the message and the check
 are one declaration). Stage code reads attributes (``cfg.bc.learning_rate``, ``cfg.paths.bc``).
 The field types and :class:`Section` are in :mod:`eto_train.config_fields`; a failed validation
 becomes those lines in :mod:`eto_train.config_errors`; this module is the schema and :func:`load`.
@@ -52,7 +54,7 @@ from .prompting import OPENINGS, PromptConfig
 from .records import STATUSES
 from .trl_names import dpo_loss_types, save_strategies, scheduler_types, trainer_fields, version
 
-__all__ = ["Config", "ConfigError", "EnvSection", "RolloutSection", "Section", "load", "typed"]
+__all__ = ["Config", "ConfigError", "EnvSection", "RolloutSection", "Section", "load", "require"]
 
 CHOSEN = ("expert", "self", "both")
 EXPERT_REWARDS = ("file", "authors")  # eto.pairs.expert_reward (pairs.expert_reward_of)
@@ -1098,9 +1100,10 @@ def load(cfg: Any) -> Config:
     raise ConfigError(one_per_key(lines, raw))
 
 
-def typed(cfg: Any) -> Config:
-    """``cfg`` as a validated :class:`Config`: itself when it is one (the CLI's), else :func:`load` (a
-    stage's entry called directly with a DictConfig, by a test or a script). A stage's steps take the
-    Config their entry typed."""
-    return cfg if isinstance(cfg, Config) else load(cfg)
-
+def require(cfg: Any, where: str) -> Config:
+    """``cfg`` when it is a typed :class:`Config`; else a TypeError naming ``where`` (the stage entry
+    reached with a composed DictConfig or a dict): the entry point types the config once, with :func:`load`."""
+    if isinstance(cfg, Config):
+        return cfg
+    raise TypeError(f"{where} takes the typed eto_train.config.Config, not a {type(cfg).__name__}: "
+                    f"call eto_train.config.load(cfg) first, once, at the entry point, and pass its result")

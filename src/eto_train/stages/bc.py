@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .. import layout
-from ..config import typed
+from ..config import Config, require
 from ..experts import read_experts, usable
 from ..manifest import Stage
 from ..model.load import check_quantization, is_local
@@ -20,9 +20,9 @@ from ..training.sft import sft_arguments, sft_conversations
 OUTPUTS = list(layout.TRAINING_OUTPUTS)
 
 
-def run(cfg) -> dict | None:
+def run(cfg: Config) -> dict | None:
     """Train BC if it is not done yet; returns its metrics (None when it was up to date)."""
-    cfg = typed(cfg)
+    require(cfg, "eto_train.stages.bc.run")
     console = Console(markup=False)
     require_built(cfg.model)  # a registry model (model.source) converted by `eto-train model`
     check_quantization(cfg.model.quantization)  # before anything is written (the lock included)

@@ -15,7 +15,7 @@ from .. import layout
 from ..errors import remove_empty_tree
 from ..evaluation import evaluate, metrics_table
 from ..model.load import policy_ref
-from ..config import typed
+from ..config import Config, require
 from ..distributed import is_main
 from ..envs import check_splits
 from ..rollouts.play import NothingScored, Rollouts  # noqa: F401 - NothingScored: every episode an environment failure
@@ -23,13 +23,13 @@ from ..runtime import setup_runtime
 from ..store import write_json_if_changed
 
 
-def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
+def evaluate_policy(cfg: Config, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
     """Play ``splits`` with the policy at ``policy_path``; results under ``out_root/<split>``.
 
     A failed start (a checkpoint refused, e.g. NaN weights) leaves no empty ``out_root``: the
     split's lock, taken before the checkpoint is checked, was its only content. The policy plays
     with ``rollout.*`` merged with ``eval.rollout`` (evaluation's own settings)."""
-    cfg = typed(cfg)
+    require(cfg, "eto_train.stages.evaluate.evaluate_policy")
     existed = out_root.exists()
     try:
         return _evaluate_policy(cfg, policy_path, tag, splits, out_root)
@@ -39,7 +39,7 @@ def evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> 
         raise
 
 
-def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
+def _evaluate_policy(cfg: Config, policy_path: str, tag: str, splits, out_root: Path) -> dict[str, Any]:
     if str(policy_path) == str(cfg.model.path):  # the untuned model: a registry model must be built first
         from ..model.wheel import require_built
 
@@ -62,8 +62,8 @@ def _evaluate_policy(cfg, policy_path: str, tag: str, splits, out_root: Path) ->
     return results
 
 
-def run(cfg) -> None:
-    cfg = typed(cfg)
+def run(cfg: Config) -> None:
+    require(cfg, "eto_train.stages.evaluate.run")
     ev = cfg.eval
     check_splits(cfg.env.plain(), {"eval.splits": list(ev.splits)})  # before anything is loaded or played
     results = evaluate_policy(cfg, ev.policy, ev.tag, list(ev.splits), layout.RunLayout.of(cfg).evaluation(ev.tag))

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from ..config import typed
+from ..config import Config, require
 from ..envs import make_env, registry
 from ..eto_format import import_experts
 from ..experts import expert_episode
@@ -24,8 +24,8 @@ from ..store import write_jsonl
 LOST_SHOWN = 5  # task ids a warning about gold paths that lost names
 
 
-def run(cfg) -> None:
-    cfg = typed(cfg)
+def run(cfg: Config) -> None:
+    require(cfg, "eto_train.stages.experts.run")
     console = Console(markup=False)
     env_cfg, prompt = cfg.env.plain(), PromptConfig(**cfg.prompt.plain())
     source = str(cfg.experts.source)

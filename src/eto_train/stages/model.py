@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from ..config import typed
+from ..config import Config, require
 from ..experts import read_experts
 from ..manifest import Stage
 from ..model.tiny import build_tiny_model, save, train_tokenizer
@@ -21,8 +21,8 @@ from ..records import to_messages
 from ..runtime import setup_runtime
 
 
-def run(cfg) -> None:
-    cfg = typed(cfg)
+def run(cfg: Config) -> None:
+    require(cfg, "eto_train.stages.model.run")
     console = Console(markup=False)
     if cfg.model.source is not None:
         from ..model.wheel import convert

@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import layout, tracking
-from ..config import typed
+from ..config import Config, require
 from ..distributed import is_main
 from ..manifest import Stage
 from ..runtime import setup_runtime, to_plain
@@ -103,7 +103,8 @@ def make_tokens(cfg, out: Path, console) -> dict[str, Any]:
     return json.loads(stage.manifest_path.read_text())
 
 
-def run(cfg, command: str | None = None) -> None:
+def run(cfg: Config, command: str | None = None) -> None:
+    require(cfg, "eto_train.stages.pretrain.run")  # pretrain.* and the held-out seeds: checked by config.load
     from ..model.tiny import build_tiny_model
     from ..pretrain.card import plot_loss, write_card
     from ..pretrain.probes import build_probes, probes_to_rows
@@ -113,7 +114,6 @@ def run(cfg, command: str | None = None) -> None:
     from ..runtime import _threads
     from ..training import recipe
 
-    cfg = typed(cfg)  # every pretrain.* value and the held-out seeds, checked (config.PretrainSection)
     console = Console(markup=False)
     setup_runtime(cfg.runtime.train_threads)
     pc = to_plain(cfg.pretrain)

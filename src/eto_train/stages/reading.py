@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..config import typed
+from ..config import Config, require
 from ..envs import check_splits, make_env
 from ..reading import first_move_test, first_take_test, right_answers
 from .. import layout
@@ -42,10 +42,10 @@ def policies_of(cfg) -> dict[str, str]:
     return out
 
 
-def run(cfg) -> dict[str, Any]:
+def run(cfg: Config) -> dict[str, Any]:
     """Each policy of :func:`policies_of` on ``reading.split``. BC's episodes are BC's evaluation
     (``paths.bc_eval``), the others' ``eval/<tag>``."""
-    cfg = typed(cfg)
+    require(cfg, "eto_train.stages.reading.run")
     r = cfg.reading
     check_splits(cfg.env.plain(), {"reading.split": r.split})
     env = make_env(cfg.env.plain())

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ..config import typed
+from ..config import Config, require
 from ..errors import writable
 from ..evaluation import behaviour, comparison
 from ..reporting import env_failures, fault_accounts, iteration_plot, pct, stage_seconds, stage_seconds_markdown, table_rows
@@ -220,8 +220,8 @@ def markdown(cfg, rep: dict[str, Any], plot_name: str, compare_png: str) -> str:
     return "\n".join(out)
 
 
-def run(cfg) -> Path:
-    cfg = typed(cfg)
+def run(cfg: Config) -> Path:
+    require(cfg, "eto_train.stages.report.run")
     if cfg.eto.dev_split is None:
         raise ValueError("make report: the report plots every iteration on the dev split, and this run has none "
                          "(eto.dev_split: null, the paper's profile: no selection); evaluate iterations with make eval")

@@ -33,7 +33,7 @@ from ... import layout, tracking
 from ...distributed import is_main
 from ...envs import check_playable, check_splits, make_env
 from ...evaluation import comparison
-from ...config import METRICS, Config, typed
+from ...config import METRICS, Config, require
 from ...experts import usable_experts
 from ...store import json_text, write_main
 from .. import bc, experts, model
@@ -139,12 +139,12 @@ def _finished(stage_dir: Path) -> bool:
     return isinstance(m, dict) and m.get("status") == "done"
 
 
-def run_next_iteration(cfg) -> dict[str, Any] | None:
+def run_next_iteration(cfg: Config) -> dict[str, Any] | None:
     """`eto-train eto-iter`: the iteration after the latest finished one, from its policy (BC's
     before any); None, with a line saying so, once ``eto.iterations`` iterations are done."""
     from ...model.load import CheckpointError
 
-    cfg = typed(cfg)
+    require(cfg, "eto_train.stages.eto.run_next_iteration")
     check_splits(cfg.env.plain(), {"eto.explore.split": cfg.eto.explore.split})  # before anything is loaded
     k, policy = latest_policy(cfg)
     if k >= cfg.eto.iterations:
@@ -158,9 +158,9 @@ def run_next_iteration(cfg) -> dict[str, Any] | None:
     return run_iteration(cfg, k + 1, policy)
 
 
-def run_iteration(cfg, k: int, policy_path: str, selection: Selection | None = None) -> dict[str, Any]:
+def run_iteration(cfg: Config, k: int, policy_path: str, selection: Selection | None = None) -> dict[str, Any]:
     """One iteration from ``policy_path``; its policy is evaluated on the dev split, if one is set."""
-    cfg = typed(cfg)
+    require(cfg, "eto_train.stages.eto.run_iteration")
     sel = selection or check_selection(cfg)
     out = layout.RunLayout.of(cfg).iteration(k)
     r = explore_pair_train(cfg, k, policy_path, out)
@@ -204,8 +204,8 @@ def _fmt(metric: str, value: float) -> str:
     return f"{100 * value:.1f}%" if metric == "success_rate" else f"{value:.3f}"
 
 
-def run(cfg) -> dict[str, Any]:
-    cfg = typed(cfg)
+def run(cfg: Config) -> dict[str, Any]:
+    require(cfg, "eto_train.stages.eto.run")
     console = Console(markup=False)
     check_splits(cfg.env.plain(), {"eval.splits": list(cfg.eval.splits), "eto.explore.split": cfg.eto.explore.split})
     sel = check_selection(cfg)  # before any work: a bad selection setting must not cost a BC run
