@@ -14,7 +14,12 @@
 #                                        anchor      BC; the anchor arm (played after every other unit)
 #   lab/real_study.sh aggregate        the table from docs/results/real_study2 alone (no runs/ needed)
 #   lab/real_study.sh status K U       the unit's stages so far: seconds and peak memory
+#   lab/real_study.sh seed-bc K F U    amendment 1: unit U of seed K starts from copies of the finished unit F's
+#                                      experts, BC and BC's test plays (same machine: runs/ survives only there);
+#                                      the stage cache takes them only where its hashes match, else redoes them
+#   lab/real_study.sh prune K U        drop a committed unit's arm weights (compare/, cache/, eto/): ~4 GB a unit
 #
+# STUDY: the checkout whose runs/ holds the units (default: this one; e.g. STUDY=/work/study, the pinned worktree).
 # RESULTS_REPO: the checkout that keeps and commits the results (default: this one; from a pinned worktree, the
 # main checkout, e.g. RESULTS_REPO=/work/main). A unit whose machine is lost mid-play is played again whole.
 set -euo pipefail
@@ -22,6 +27,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RESULTS_REPO=${RESULTS_REPO:-$(pwd)}
 DIR=docs/results/real_study2
+RUNS=${STUDY:-$(pwd)}/runs/real_study2
 eto-train() { "$PY" -m eto_train.cli "$@"; }
 export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-2}   # fewer glibc arenas: less resident memory, no number changes
 set -f
@@ -54,5 +60,18 @@ case "${1-}" in
           echo "[real_study] seed $K unit $U: results committed in $RESULTS_REPO" ;;
   aggregate) eto-train results experiment=real_study2 results.collect=false results.dir="$RESULTS_REPO/$DIR" ;;
   status) "$PY" scripts/stage_costs.py "runs/real_study2/s$2-$3" ;;
-  *)      sed -n '2,22p' "$0"; exit 2 ;;
+  seed-bc) K=$2 F="$RUNS/s$2-$3" T="$RUNS/s$2-$4"
+          for s in experts bc eval/bc/test_seen eval/bc/test_unseen; do
+            grep -q '"status": "done"' "$F/$s/manifest.json" 2>/dev/null \
+              || { echo "$F/$s: not a finished stage (no done manifest): nothing copied" >&2; exit 1; }
+            [ ! -e "$T/$s" ] || { echo "$T/$s exists: nothing copied (the unit has begun)" >&2; exit 1; }
+          done
+          mkdir -p "$T/eval/bc"
+          cp -a "$F/experts" "$F/bc" "$T/" && cp -a "$F/eval/bc/test_seen" "$F/eval/bc/test_unseen" "$T/eval/bc/"
+          echo "[real_study] $T starts from $F's experts, BC and BC's test plays (amendment 1)" ;;
+  prune)  [ -f "$RESULTS_REPO/$DIR/seed$2/$3/unit.json" ] \
+            || { echo "seed $2 unit $3 has no committed results in $RESULTS_REPO/$DIR: nothing removed" >&2; exit 1; }
+          rm -rf "$RUNS/s$2-$3/compare" "$RUNS/s$2-$3/cache" "$RUNS/s$2-$3/eto"
+          echo "[real_study] removed the arm weights of $RUNS/s$2-$3 (its BC stays for seed-bc)" ;;
+  *)      sed -n '2,24p' "$0"; exit 2 ;;
 esac
