@@ -59,7 +59,7 @@ case "${1-}" in
             "$DIR/seed$K/$U" "$DIR/seeds.json" "$DIR/seeds.md"
           echo "[real_study] seed $K unit $U: results committed in $RESULTS_REPO" ;;
   aggregate) eto-train results experiment=real_study2 results.collect=false results.dir="$RESULTS_REPO/$DIR" ;;
-  status) "$PY" scripts/stage_costs.py "runs/real_study2/s$2-$3" ;;
+  status) "$PY" scripts/stage_costs.py "$RUNS/s$2-$3" --own-seed "$2" ;;
   seed-bc) K=$2 F="$RUNS/s$2-$3" T="$RUNS/s$2-$4"
           for s in experts bc eval/bc/test_seen eval/bc/test_unseen; do
             grep -q '"status": "done"' "$F/$s/manifest.json" 2>/dev/null \
