@@ -4,16 +4,18 @@ experts, BC and BC's test plays into a new unit of the same seed, refusing unfin
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["experts", "bc", "eval/bc/test_seen", "eval/bc/test_unseen"]
 
 
-def _run(tmp_path, *args):
-    env = {"PATH": "/usr/bin:/bin", "STUDY": str(tmp_path / "study"), "RESULTS_REPO": str(tmp_path / "repo")}
+def _run(tmp_path, *args):  # from tmp_path: not from the checkout whose runs/ hold the units
+    env = {"PATH": "/usr/bin:/bin", "STUDY": str(tmp_path / "study"), "RESULTS_REPO": str(tmp_path / "repo"),
+           "PY": sys.executable, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run(["bash", str(ROOT / "lab" / "real_study.sh"), *args], env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, cwd=tmp_path)
 
 
 def _unit(tmp_path, name, status="done"):
@@ -66,15 +68,11 @@ def test_prune_only_after_the_unit_is_committed(tmp_path):
 
 
 def test_status_reads_the_unit_under_study_and_names_its_seed(tmp_path):
-    import sys
     unit = _unit(tmp_path, "s2-value")
     for i, s in enumerate(STAGES):
         (unit / s / "manifest.json").write_text(json.dumps(
             {"stage": s, "status": "done", "seconds": 685.0 + i, "finished_at": str(i), "memory": {"peak_rss_gb": 4.0}}))
-    env = {"PATH": "/usr/bin:/bin", "STUDY": str(tmp_path / "study"), "PY": sys.executable,
-           "PYTHONPATH": str(ROOT / "src")}
-    r = subprocess.run(["bash", str(ROOT / "lab" / "real_study.sh"), "status", "2", "value"], env=env,
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)  # not from the unit's checkout
+    r = _run(tmp_path, "status", "2", "value")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "| stage | seed 2 |"
     assert "| bc | 686 s, 4.00 GB |" in r.stdout and "| total, each stage once (largest peak) | 2,746 s" in r.stdout
