@@ -106,6 +106,36 @@ def test_paired_diffs_take_the_tasks_both_played_in_task_order():
     assert agg["seeds"] == 2 and agg["tasks"] == 5 and agg["mean"] == pytest.approx((0.5 - 1 / 3) / 2)
 
 
+def test_the_claim_reads_each_interval_and_an_arm_helps_only_beating_bc_and_control_on_every_split():
+    from eto_train.seeds import claims, markdown, verdict
+
+    assert [verdict(ci) for ci in ([0.01, 0.2], [-0.2, -0.01], [0.0, 0.3], [-0.1, 0.0], None)] == \
+        ["beats", "loses", "tie", "tie", None]
+    row = lambda lo, hi: {"mean": (lo + hi) / 2, "ci95": [lo, hi], "per_seed": {}}  # noqa: E731
+    arms = {
+        "good": {"seen": {"vs_bc": row(0.02, 0.1), "vs_control": row(0.01, 0.05)},
+                 "unseen": {"vs_bc": row(0.03, 0.2), "vs_control": row(0.005, 0.1)}},
+        "half": {"seen": {"vs_bc": row(0.02, 0.1), "vs_control": row(0.01, 0.05)},  # ties the control on unseen
+                 "unseen": {"vs_bc": row(0.03, 0.2), "vs_control": row(-0.01, 0.1)}},
+        "alone": {"seen": {"vs_bc": row(0.02, 0.1)}, "unseen": {"vs_bc": row(0.03, 0.2)}},  # never met the control
+        "bad": {"seen": {"vs_bc": row(-0.2, -0.05), "vs_control": row(-0.3, -0.1)},
+                "unseen": {"vs_bc": row(-0.1, 0.05), "vs_control": {"mean": None, "ci95": None, "per_seed": {}}}},
+        "control": {"seen": {"vs_bc": row(0.02, 0.1)}, "unseen": {"vs_bc": row(0.02, 0.1)}},
+        "untuned": {"seen": {"vs_bc": row(-0.5, -0.3)}},
+    }
+    c = claims(arms)
+    assert set(c) == {"good", "half", "alone", "bad"}  # the comparator and the descriptive row claim nothing
+    assert {arm: v["helps"] for arm, v in c.items()} == {"good": True, "half": False, "alone": False, "bad": False}
+    assert c["half"]["splits"]["unseen"] == {"vs_bc": "beats", "vs_control": "tie"}
+    assert c["alone"]["splits"]["seen"] == {"vs_bc": "beats", "vs_control": None}
+    assert c["bad"]["splits"] == {"seen": {"vs_bc": "loses", "vs_control": "loses"},
+                                  "unseen": {"vs_bc": "tie", "vs_control": None}}
+    md = markdown({"compare": {"seeds": [0], "rule": "r", "bootstrap": 10, "arms": arms, "claim": c}})
+    assert "| arm | seen vs BC | unseen vs BC | seen vs control | unseen vs control | helps |" in md
+    assert "| good | beats | beats | beats | beats | yes |" in md and "| alone | beats | beats | - | - | no |" in md
+    assert "| bad | loses | tie | loses | - | no |" in md and "| control | seen | " in md
+
+
 # -- the config: seeds and arms -----------------------------------------------------------------
 
 def _compose(overrides: list[str]):

@@ -94,6 +94,29 @@ def over_seeds(per_seed: dict[int, list[float]], n_boot: int, seed: int) -> dict
     return {"mean": mean, "ci95": [lo, hi], "seeds": len(usable), "tasks": sum(map(len, usable.values()))}
 
 
+def verdict(ci95: list[float] | None) -> str | None:
+    """One interval read as the rules read it (76994e1, 86a1f8c): lower end above 0 "beats", upper end below 0
+    "loses", otherwise "tie" (no difference detected); no interval: None."""
+    if ci95 is None:
+        return None
+    return "beats" if ci95[0] > 0 else "loses" if ci95[1] < 0 else "tie"
+
+
+def claims(arms: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The rules' claim per arm: each split's verdict against BC and against the control, and ``helps``: the arm
+    beats BC and the control on every split it was played on. The control (the comparator) and the untuned model
+    (a descriptive row) make no claim; an arm never met with the control cannot hold it."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm, by_split in arms.items():
+        if arm in ("control", UNTUNED):
+            continue
+        splits = {split: {vs: verdict((d.get(vs) or {}).get("ci95")) for vs in ("vs_bc", "vs_control")}
+                  for split, d in by_split.items()}
+        out[arm] = {"splits": splits,
+                    "helps": bool(splits) and all(v == "beats" for s in splits.values() for v in s.values())}
+    return out
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -222,7 +245,7 @@ def aggregate_sources(stage: str, sources: list[Source], n_boot: int, seed: int,
                   for split, by_vs in by_split.items()}
             for arm, by_split in rows.items()}
     out = {"seeds": seeds, "runs": runs if runs is not None else {}, "bootstrap": n_boot, "level": LEVEL,
-           "rule": RULE, "arms": arms, **extra}
+           "rule": RULE, "arms": arms, "claim": claims(arms), **extra}
     if any(src.name for src in sources):
         out["units"] = {src.name: src.seed for src in sources}
     return out
@@ -297,6 +320,16 @@ def markdown(every: dict[str, dict[str, Any]]) -> str:
             for split, d in by_split.items():
                 lines.append("| " + " | ".join([arm, split, *_cell(d.get("vs_bc"), seeds),
                                                 *_cell(d.get("vs_control"), seeds)]) + " |")
+        if res.get("claim"):  # the rule's reading of the intervals above, arm by arm
+            splits = list(dict.fromkeys(s for c in res["claim"].values() for s in c["splits"]))
+            heads = [f"{s} vs {who}" for who in ("BC", "control") for s in splits]
+            lines += ["", "the claim: beats = the interval's lower end above 0, loses = its upper end below 0, "
+                      "tie otherwise; an arm helps when it beats BC and the control on every split", "",
+                      "| arm | " + " | ".join(heads) + " | helps |", "| --- | " + " | ".join("---" for _ in heads)
+                      + " | --- |"]
+            for arm, c in res["claim"].items():
+                cells = [c["splits"].get(s, {}).get(vs) or "-" for vs in ("vs_bc", "vs_control") for s in splits]
+                lines.append(f"| {arm} | " + " | ".join(cells) + f" | {'yes' if c['helps'] else 'no'} |")
         if res.get("rollout_cost"):
             train = res.get("training") or {}
 
