@@ -47,17 +47,18 @@ def fault_accounts(run: Path) -> list[dict[str, Any]]:
 SKIPPED = ("cache", "diag", NEXT, OLD)
 
 
-def stage_seconds(run: Path, own_seed: int = 0) -> dict[int, dict[str, dict[str, Any]]]:
+def stage_seconds(run: Path, own_seed: int = 0, seen: set[tuple] | None = None) -> dict[int, dict[str, dict[str, Any]]]:
     """Per seed, per stage folder (its path inside the seed's folder): the manifest's status,
     seconds and peak memory (GB: the process's resident peak, its children's, the GPU's; None for a
     stage finished before manifests recorded it). The run folder is seed ``own_seed``'s (``seeds=`` puts seed k in ``<run>/seed<k>``).
     A stage whose manifest repeats one already met (the same stage, config hash and finish time: a
     result reused by content hash, e.g. the exploration every arm shares) is marked ``reused``, so
-    a total counts its seconds once; the seed's own stages come before its compare arms."""
+    a total counts its seconds once; the seed's own stages come before its compare arms. ``seen``: the stages met
+    in earlier calls (a study's units, a folder each: a stage copied from an earlier unit is ``reused``)."""
     prefix = layout.SEED_RUN.format(seed="")
     folders = {own_seed: run, **{int(d.name[len(prefix):]): d for d in run.glob(f"{prefix}*")
                                  if d.name[len(prefix):].isdigit()}}
-    seen: set[tuple] = set()
+    seen = set() if seen is None else seen
     out: dict[int, dict[str, dict[str, Any]]] = {}
     for seed, folder in sorted(folders.items()):
         found = []
@@ -113,6 +114,40 @@ def stage_seconds_markdown(costs: dict[int, dict[str, dict[str, Any]]]) -> str:
              for k in seeds]
     lines.append("| total, each stage once (largest peak) | " + " | ".join(
         f"{t:,.0f} s ({t / 3600:.1f} h)" + ("" if p is None else f", {p:.2f} GB") for t, p in zip(totals, peaks)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def unit_costs(results: Path) -> list[dict[str, Any]]:
+    """A study played in units (``results/seed<k>/<unit>/``, each with its ``unit.json``), in the order they were
+    collected: each unit's machine, the seconds of the stages it ran itself (a stage copied from an earlier unit of
+    the same seed is counted there), and its largest peak with the stage that reached it. A resumed stage's
+    manifest has the seconds of its last part only."""
+    units = sorted((json.loads(info.read_text()) | {"folder": info.parent}
+                    for info in results.glob("seed*/*/unit.json")), key=lambda u: (u["collected_at"], u["seed"]))
+    seen: dict[int, set[tuple]] = {}
+    out = []
+    for u in units:
+        rows = stage_seconds(u["folder"], u["seed"], seen.setdefault(u["seed"], set()))[u["seed"]]
+        own = {rel: r for rel, r in rows.items() if r["status"] == "done" and not r["reused"]}
+        peak = max(((r["peak_rss_gb"], rel) for rel, r in own.items() if r.get("peak_rss_gb") is not None),
+                   default=(None, None))
+        machine = u["machine"]
+        out.append({"seed": u["seed"], "unit": u["unit"], "cpu": f"{machine['cpu']} ({machine['cpu_capability']})",
+                    "torch": machine["torch"], "commit": u["commit"][:7], "collected_at": u["collected_at"],
+                    "stages": len(own), "copied": len(rows) - len(own),
+                    "seconds": sum(r["seconds"] or 0 for r in own.values()), "peak_rss_gb": peak[0], "peak_stage": peak[1]})
+    return out
+
+
+def unit_costs_markdown(rows: list[dict[str, Any]]) -> str:
+    """:func:`unit_costs` as one table, a row per unit."""
+    lines = ["| seed | unit | CPU | torch | commit | collected | stages run (copied or reused) | seconds of its own stages | "
+             "largest peak |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        peak = "-" if r["peak_rss_gb"] is None else f"{r['peak_rss_gb']:.2f} GB ({r['peak_stage']})"
+        lines.append(f"| {r['seed']} | {r['unit']} | {r['cpu']} | {r['torch']} | {r['commit']} | "
+                     f"{r['collected_at'][:16]} | {r['stages']} ({r['copied']}) | "
+                     f"{r['seconds']:,.0f} s ({r['seconds'] / 60:.0f} min) | {peak} |")
     return "\n".join(lines) + "\n"
 
 
