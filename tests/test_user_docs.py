@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,9 @@ def commands(text: str) -> list[tuple[str, str, list[str]]]:
     return found
 
 
+BENCH = "bench/config"  # make bench / bench-real: lab/bench.py composes configs/bench/config.yaml, checks `bench`
+
+
 # Product scripts that hand ARGS to every stage they run (or compose the stages' config with them, as the sweep
 # table does): their ARGS are checked as one stage's overrides.
 ARGS_TO_STAGES = re.compile(r"scripts/(?:demo|demo_real)\.sh \$\(ARGS\)|scripts/sweep_table\.py \$\(ARGS\)")
@@ -97,7 +101,9 @@ def makefile_targets() -> dict[str, str | None]:
     for m in re.finditer(r"^([a-z][a-z0-9-]*):(?!=)[^\n]*\n((?:\t[^\n]*\n?)*)", text, re.M):
         stage = re.search(r"(?:eto_train\.cli|\$\(TRAIN\)) ([a-z-]+) \$\(ARGS\)", m.group(2))
         script = ARGS_TO_STAGES.search(m.group(2))
-        targets[m.group(1)] = stage.group(1) if stage else script.group(0).split()[0] if script else None
+        bench = re.search(r"lab/bench\.py [^\n]*\$\(ARGS\)", m.group(2))  # the benchmark's own primary config
+        targets[m.group(1)] = (stage.group(1) if stage else script.group(0).split()[0] if script
+                               else BENCH if bench else None)
     return targets
 
 
@@ -165,9 +171,8 @@ def searchpath_with_model_config(text: str, folder: Path) -> list[str]:
 def problems(text: str, values: dict[str, str], tmp: Path, only: set[str] | None = None) -> list[str]:
     """Every command of ``text`` (of ``only``, when given: those lines) that does not compose and validate,
     one line each (empty: all do)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
 
-    from eto_train.config import load
     from eto_train.envs.registry import store_plugin_configs
 
     store_plugin_configs(str(ROOT / "configs"))
@@ -179,8 +184,27 @@ def problems(text: str, values: dict[str, str], tmp: Path, only: set[str] | None
         for line, kind, words in commands(text):
             if only is not None and line not in only or line in RUN_ELSEWHERE:
                 continue
-            bad += check(line, kind, words, targets, values, extra, lambda o: load(compose("config", overrides=o)))
+            bad += check(line, kind, words, targets, values, extra, compose_and_load)
     return bad
+
+
+def compose_and_load(overrides: list[str], primary: str = "config"):
+    """The typed run config of ``overrides``; for the benchmark (``primary`` BENCH) its ``bench`` section checked
+    as lab/bench.py checks it, and the rest as a run's config."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    from eto_train.config import load
+
+    cfg = compose(primary, overrides=overrides)
+    if primary == BENCH:
+        if str(ROOT / "lab") not in sys.path:
+            sys.path.insert(0, str(ROOT / "lab"))
+        from bench import check_bench  # lab/bench.py
+
+        check_bench(cfg)
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "bench"])
+    return load(cfg)
 
 
 # Commands a user page quotes that need more than a checkout, each run by the test named.
@@ -216,7 +240,7 @@ def check(line, kind, words, targets, values, extra, compose_and_load) -> list[s
             return [f"{line}: no stage {words[:1]}"]
         stage, overrides = words[0], overrides_of(words[1:])
     try:
-        compose_and_load([*(expand(o, values) for o in overrides), *extra])
+        compose_and_load([*(expand(o, values) for o in overrides), *extra], *([BENCH] if stage == BENCH else []))
     except Exception as exc:  # noqa: BLE001 - any failure is the line's problem, reported with it
         why = " | ".join(part.strip() for part in str(exc).strip().splitlines())
         return [f"{line} ({stage}): {type(exc).__name__}: {why}"]
@@ -253,6 +277,17 @@ def test_a_wrong_override_key_or_target_is_caught(placeholders, tmp_path):
             changed = {line for line, _, _ in commands(copy) if "model=my_model" in line}
         found = problems(copy, placeholders, tmp_path / str(k), only=set(list(changed)[:1]) if k == 3 else changed)
         assert found and all(why in p for p in found), (new, found)
+
+
+def test_make_bench_args_are_checked_against_the_benchmark_s_own_config(placeholders, tmp_path):
+    """make bench / bench-real hand ARGS to lab/bench.py (configs/bench/config.yaml): a run key and a bench key
+    pass, a bad bench value and a misspelt key fail, each named."""
+    good = 'Run `make bench ARGS="run_name=demo bench.real.enabled=false"` or `make bench-real ARGS="bench.real.threads=1"`.'
+    assert problems(good, placeholders, tmp_path) == []
+    bad = problems('`make bench ARGS="bench.only=nonsense"`', placeholders, tmp_path)
+    assert len(bad) == 1 and "bench.only='nonsense'" in bad[0], bad
+    bad = problems('`make bench-real ARGS="bench.threds=[1]"`', placeholders, tmp_path)
+    assert len(bad) == 1 and "bench.threds" in bad[0], bad
 
 
 def test_the_install_line_is_one_line_everywhere():
