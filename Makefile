@@ -101,7 +101,7 @@ rehearse-vllm: .venv-vllm/.installed ## the default rollout.backend=auto choosin
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-bench: setup ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
+bench: setup real-model ## throughput benchmarks (batched vs sequential rollouts, BC tokens/s)
 	$(PY) lab/bench.py $(ARGS)
 
 bench-real: real-model ## the real-model section alone (lab/bench_real.py): engines, decode step, matmul peak, training
