@@ -95,7 +95,7 @@ ARGS_TO_STAGES = re.compile(r"scripts/(?:demo|demo_real)\.sh \$\(ARGS\)|scripts/
 
 def makefile_targets() -> dict[str, str | None]:
     """target -> the eto-train stage its recipe runs (``eto_train.cli <stage>`` or ``$(TRAIN) <stage>``; a demo
-    script or the sweep table: its script), or None."""
+    script or the sweep table: its script; the benchmark: BENCH), or None."""
     text = (ROOT / "Makefile").read_text()
     targets: dict[str, str | None] = {}
     for m in re.finditer(r"^([a-z][a-z0-9-]*):(?!=)[^\n]*\n((?:\t[^\n]*\n?)*)", text, re.M):
