@@ -66,6 +66,12 @@ def test_the_aggregate_from_the_results_folder_alone_is_the_run_folder_s(tmp_pat
     assert set(from_kept) == {"compare"}
     assert _without(from_kept, "runs", "units") == _without(from_run, "runs")
     assert "| trajectory | seen | s0 " in (kept / "seeds.md").read_text()
+    # the tables depend on the folder alone: not on the seed of the unit whose command wrote them last (a unit of
+    # seed 1 runs `results` with seed=1; its bootstrap draws results.seed's, as a fresh clone's aggregate does)
+    proc = _cli("results", tmp_path / "elsewhere", f"results.dir={kept}", "results.collect=false",
+                "seeds=null", "seed=1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((kept / "seeds.json").read_text()) == from_kept
 
 
 def _unit(folder: Path, seed: int, name: str, bc: dict, arms: dict[str, dict], control_of: str | None = None):

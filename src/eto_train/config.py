@@ -703,6 +703,7 @@ class ResultsSection(Section):
                what="a unit's name (letters, digits, _ . -), e.g. a")
     collect: Flag
     partial: Flag  # a unit collected before its eto / compare finishes: a study played in pieces
+    seed: Int(ge=0)  # the aggregate's bootstrap seed: the tables depend on the folder alone
 
 
 class ReadingSection(Section):

@@ -67,12 +67,12 @@ def run(cfg: Config) -> dict:
             dest = folder / layout.SEED_RUN.format(seed=k) / unit
             how = results.collect(run_k, dest, k, unit, paths, partial=bool(r.partial))
             console.print(f"[results] seed {k}, unit {unit}: {how} ({run_k} -> {dest})")
-    every = results.aggregate(folder, cfg.compare.bootstrap, cfg.seed)
+    every = results.aggregate(folder, cfg.compare.bootstrap, r.seed)  # not cfg.seed: a unit's own
     js, md = results.write(folder, every)
     console.print(f"[results] {', '.join(every)} over {len(results.sources(folder))} unit(s) -> {js}, {md}")
     if cfg.env.metric == "mean_score":  # the paper's metric there (ScienceWorld, WebShop): average final score
         splits = list(cfg.eval.splits)
-        table = results.scores(folder, splits, cfg.compare.bootstrap, cfg.seed, demonstrated(cfg, splits))
+        table = results.scores(folder, splits, cfg.compare.bootstrap, r.seed, demonstrated(cfg, splits))
         if table:
             js, md = results.write_scores(folder, table, cfg.compare.bootstrap)
             console.print(f"[results] average final score of {len(table)} unit(s) -> {js}, {md}")
