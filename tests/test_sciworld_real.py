@@ -311,3 +311,23 @@ def test_the_experiment_is_typed_and_plays_enough_of_each_split():
     script = (ROOT / "lab" / "sciworld_real.sh").read_text()
     assert 'PIECES="untuned bc bc-test eto eto-test"' in script and "experiment=real_sciworld" in script
     assert "eto-train results $A results.unit=" in script
+
+
+def test_every_piece_command_passes_the_schema():
+    """Each `eto-train <stage> $A ...` line of lab/sciworld_real.sh, with the experiment's overrides, is a config the
+    schema accepts: a piece must not fail on its config after the pieces before it have run (the bc piece's BC-on-dev
+    play once did, after BC's 40 minutes)."""
+    from hydra import compose, initialize_config_dir
+
+    from eto_train.config import load
+
+    script = (ROOT / "lab" / "sciworld_real.sh").read_text()
+    lines = re.findall(r"^\s+(?:[\w-]+\)\s+)?eto-train (\w[\w-]*) \$A([^;#\n]*)", script, flags=re.M)
+    assert {stage for stage, _ in lines} >= {"model", "experts", "eval", "bc", "eto-iter", "eto"}, lines
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="test_sciworld_pieces"):
+        for stage, extra in lines:
+            if stage == "results":  # its keys are the shell's ($u, $RESULTS_REPO): tests/test_results.py
+                continue
+            overrides = ["experiment=real_sciworld", *extra.replace("'", "").split()]
+            cfg = load(compose("config", overrides=overrides))  # raises ConfigError on a refused value
+            assert cfg.env.name == "sciworld", (stage, overrides)
