@@ -4,6 +4,8 @@ instructions its vector path needs (AVX-512), torch's kernel elsewhere."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -29,6 +31,53 @@ def test_the_build_name_changes_with_the_source_the_flags_the_torch_install_and_
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__file__", "/another/venv/torch/__init__.py")
     assert native.name(src) != first
+
+
+def test_another_checkout_of_the_same_source_builds_apart(tmp_path):
+    """A pinned worktree beside the main checkout shares the venv and the extension folder: the same source text at
+    another path gets its own build (ninja would otherwise rebuild each one's kernel whenever the other loads it)."""
+    other = tmp_path / decode_kernel.SOURCE.name
+    other.write_text(decode_kernel.SOURCE.read_text())
+    assert native.name(other) != native.name(decode_kernel.SOURCE)
+    assert native.name(other).startswith("eto_decode_attention_")
+
+
+def test_a_build_lock_left_by_a_killed_build_does_not_block_the_next(monkeypatch, tmp_path, capsys):
+    """torch's builder marks a build with a file only it removes; a builder killed while holding it used to make every
+    later load wait forever (a ScienceWorld play hung on one left by a killed test run). load() builds under an OS
+    lock that dies with its holder, removes such a leftover, says so, and builds in the folder it names."""
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_built", {})
+    directory = native.build_directory(decode_kernel.SOURCE)
+    assert directory == tmp_path / native.name(decode_kernel.SOURCE)
+    directory.mkdir()
+    (directory / "lock").touch()  # what a killed builder leaves
+    calls, extension = [], object()  # a str would read as a failure's reason
+
+    def build(name, sources, **kw):
+        calls.append((name, kw["build_directory"], (Path(kw["build_directory"]) / "lock").exists()))
+        return extension
+
+    monkeypatch.setattr(ext, "load", build)
+    assert decode_kernel.load() is extension and decode_kernel.load() is extension
+    assert calls == [(directory.name, str(directory), False)]  # built once, in its folder, no baton left in it
+    assert f"note: removed {directory / 'lock'}" in capsys.readouterr().out
+
+
+def test_one_builder_at_a_time_across_processes(tmp_path):
+    """The OS lock excludes another process while held, and is free again once its holder has exited."""
+    import subprocess
+    import sys
+
+    directory = tmp_path / "eto_x"
+    probe = (f"import fcntl; f = open({str(tmp_path / 'eto_x.flock')!r}, 'a')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError:\n    print('held')")
+    with native._one_builder(directory):
+        assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "held"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "free"
 
 
 def test_a_kernel_that_cannot_be_built_falls_back_with_one_warning(monkeypatch, capsys, tiny_model_dir):

@@ -9,10 +9,12 @@ Python that calls them.
 :func:`load` compiles one with torch's own extension builder (``torch.utils.cpp_extension``: ninja and the system's
 C++ compiler) for this machine's CPU (``-march=native``: AVX-512 where it has it), once per machine: the build
 (~20 s) is kept in torch's extension folder (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``)
-under a name that carries a hash of the source and ``vec16.h``, the flags, torch's version and install (each venv
-its own build: one venv's build command would otherwise rebuild the other's), and the CPU's model and flags, so a
-change of any of them builds anew and none reuses another's. Where one cannot be built (no compiler, no ninja) the
-caller says what it falls back to, once, and goes on with torch's kernels (slower; the same results to rounding).
+under a name that carries a hash of the source and ``vec16.h``, the flags, torch's version and install, the source's
+path (each venv and each checkout its own build: one's build command would otherwise rebuild the other's), and the
+CPU's model and flags, so a change of any of them builds anew and none reuses another's. One process builds a kernel
+at a time, and a build killed half-way does not block the next (:func:`_one_builder`). Where one cannot be built (no
+compiler, no ninja) the caller says what it falls back to, once, and goes on with torch's kernels (slower; the same
+results to rounding).
 
 The switch, ``runtime.cpu_kernels``, is read once per process, at the entry point (:func:`eto_train.runtime.configure`
 calls :func:`enable`); nothing passes it on. ``false`` never builds them.
@@ -26,9 +28,13 @@ bench's side by side, the tests of the kernels themselves).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
+import os
 import platform
+import sys
 import threading
 from pathlib import Path
 
@@ -147,8 +153,44 @@ def _cpu() -> str:
 
 
 def name(source: Path) -> str:
-    parts = [source.read_text(), HEADER.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, torch.__file__, _cpu()]
+    # the source's path too: ninja rebuilds when a build's command line changes, so two checkouts sharing a venv
+    # (a pinned worktree beside the main one) would otherwise rebuild each other's kernel on every switch
+    parts = [source.read_text(), HEADER.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, torch.__file__, _cpu(),
+             str(Path(source).resolve())]
     return f"eto_{source.stem}_{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:12]}"
+
+
+def build_directory(source: Path) -> Path:
+    """Where the kernel built from ``source`` lives: ``TORCH_EXTENSIONS_DIR`` (by default torch's folder,
+    ``~/.cache/torch_extensions/py3XX_cpu``) / :func:`name`."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        from torch.utils.cpp_extension import get_default_build_root
+
+        root = Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
+    return Path(root) / name(source)
+
+
+@contextlib.contextmanager
+def _one_builder(directory: Path):
+    """One builder of ``directory`` at a time across processes, and no wait on a dead one's lock.
+
+    Written by hand because torch's builder marks a build with a plain file (``<directory>/lock``, its FileBaton)
+    that only the builder removes: a process killed while it holds it (a test's timeout, an out-of-memory kill,
+    ``kill -9`` of a stage) leaves it, and every later load on the machine waits for it forever (it happened: a
+    ScienceWorld play waited on one left by a killed test run). An ``flock`` is let go by the kernel when its holder
+    dies, so under it a baton left in ``directory`` belongs to no live builder of ours and is removed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f"{directory.name}.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            baton = directory / "lock"
+            if baton.exists():
+                baton.unlink(missing_ok=True)
+                print(f"note: removed {baton}, left by a build that was killed before it ended", flush=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load(source: Path, fallback: str):
@@ -165,8 +207,10 @@ def load(source: Path, fallback: str):
             try:  # the builder's own imports too (setuptools and its dependencies: a bare venv may lack one)
                 from torch.utils.cpp_extension import load as build
 
-                _built[source] = build(name(source), [str(source)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
-                                       extra_include_paths=[str(HEADER.parent)])
+                directory = build_directory(source)
+                with _one_builder(directory):
+                    _built[source] = build(name(source), [str(source)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+                                           extra_include_paths=[str(HEADER.parent)], build_directory=str(directory))
             except Exception as e:  # noqa: BLE001 - any build failure falls back to torch's kernels
                 reason = " ".join(str(e).split())[:300] or type(e).__name__
                 _built[source] = reason
