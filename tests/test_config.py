@@ -520,6 +520,15 @@ def test_model_selection_settings_are_checked_without_the_environment(overrides,
         load(compose(overrides))
 
 
+def test_an_eval_of_the_dev_split_alone_is_a_selection_play_not_a_test():
+    """eval.splits=[dev] plays what early stopping reads (BC's dev figure before iteration 1: the ScienceWorld bc
+    piece once failed here after BC's 57 minutes); dev beside a test split stays an error (above)."""
+    c = load(compose(["eval.splits=[dev]"]))
+    assert c.eval.splits == ["dev"] and c.eto.dev_split == "dev" and c.eto.early_stopping
+    with pytest.raises(ConfigError, match=re.escape("eval.splits=[dev] alone plays the dev split by itself")):
+        load(compose(["eval.splits=[seen,dev]"]))
+
+
 def test_a_compare_arm_meets_the_same_selection_and_contrast_rules_as_eto():
     """config.eto_problems decides them for the run's eto and for each arm: an arm's own override is named at its
     key; a value it inherits from eto is named once, at eto's."""

@@ -547,7 +547,9 @@ def eto_problems(eto: ETOSection, tests: list[str], rollout: RolloutSection) -> 
 
 def _selection_problems(eto: ETOSection, tests: list[str]) -> list[tuple[str, str]]:
     """Which split may select: ``eto.dev_split`` is set when early stopping selects on it, and is never a test
-    split (by the project's names, or one of ``eval.splits``) nor the split ETO explores."""
+    split (by the project's names, or one of ``eval.splits`` beside others) nor the split ETO explores. An ``eval``
+    whose splits are the dev split alone is no test: it plays what selection reads (a policy's dev figure, e.g.
+    BC's before the first iteration), into the folder the loop reads it from."""
     dev = eto.dev_split
     if dev is None:
         return [] if not eto.early_stopping else [(
@@ -558,9 +560,10 @@ def _selection_problems(eto: ETOSection, tests: list[str]) -> list[tuple[str, st
                                   "test*): model selection must not look at a test split")]
     if dev == eto.explore.split:
         return [("eto.dev_split", "a split held out of training, not the split ETO explores (eto.explore.split)")]
-    if dev in tests:
+    if dev in tests and set(tests) != {dev}:  # eval.splits=[dev] alone: a selection play (BC's dev baseline)
         return [("eto.dev_split", f"= is one of eval.splits={render(tests)}: model selection must not look at a "
-                                  "test split (use a dev split held out of training, env.dev_holdout)")]
+                                  "test split (use a dev split held out of training, env.dev_holdout; "
+                                  f"eval.splits=[{dev}] alone plays the dev split by itself)")]
     return []
 
 
