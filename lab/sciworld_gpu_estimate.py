@@ -14,10 +14,12 @@ What it stands on, each labelled in the printout:
   of bf16 GEMM, FSDP2 full fine-tuning at 34.5% MFU, DPO at 31.2%, both taken as 7B's (a 7B model's larger
   matmuls usually run at a higher MFU: the hours are then an upper side);
 - assumed, not measured anywhere: the demonstrations' thoughts are as long as the example's; a policy plays between
-  its task's gold length (the low side) and its step limit (the high side); every training variation makes a pair
+  its task's gold length or the limit if shorter (the low side) and its step limit (the high side); every training variation makes a pair
   (the high side: ties and wins are dropped); vLLM decodes 64 episodes at a time at half the rate the card's memory
   bandwidth (3.35 TB/s, H100 SXM) allows for reading the weights once per decode step, and prefills at the training
-  MFU; environment steps overlap with decoding (the gold paths' JVM seconds are small beside the model's).
+  MFU; the environments step between decode steps (their time adds to the wall clock, not to the GPU's), on the
+  16 CPU cores of the lent GPU machines, each step as long as the median gold-path step measured here (loaded 2-core
+  CPUs, the reset and the tokenizer included: an upper side).
 
   .venv/bin/python lab/sciworld_gpu_estimate.py            # the table, H100-class GPU hours per stage
 
@@ -38,6 +40,7 @@ GEMM_FLOPS = 784e12  # bf16 GEMM measured on the H200 smoke test (the H100 SXM h
 MFU_SFT, MFU_DPO = 0.345, 0.312  # FSDP2 full fine-tuning and DPO, 1.06B, H200 (docs/lab/gpu_log.md)
 HBM = 3.35e12  # bytes/s, H100 SXM (assumed: the slower card of the two the project is lent)
 DECODE_ROWS, DECODE_EFFICIENCY = 64, 0.5  # assumed
+CORES = 16  # CPU cores of the lent GPU machines (H100, H200), where the ScienceWorld JVMs run
 EPOCHS_BC, EPOCHS_DPO, ITERATIONS = 3, 3, 3  # the paper's profile
 EXTRA_TURNS = 5  # the rejected episode cut to the expert's length + 5 turns
 
@@ -53,8 +56,10 @@ class TaskType:
     answer: float  # one answer (thought and action)
 
 
-def estimate(types: dict[str, TaskType], splits: dict[str, list[str]]) -> dict[str, tuple[float, float]]:
-    """GPU-seconds per stage, (low, high): ``splits`` names each variation's task type (train, seen, unseen)."""
+def estimate(types: dict[str, TaskType], splits: dict[str, list[str]], env_step: float = 0.0
+             ) -> dict[str, tuple[float, float]]:
+    """GPU-seconds per stage, (low, high): ``splits`` names each variation's task type (train, seen, unseen); and
+    the environments' wall seconds on :data:`CORES` cores at ``env_step`` seconds a step (CPU, not GPU)."""
     per_token_train = 6 * N_PARAMS / (MFU_SFT * GEMM_FLOPS)  # seconds per token, forward and backward
     per_token_dpo = 8 * N_PARAMS / (MFU_DPO * GEMM_FLOPS)  # the policy's 6N and the reference's 2N (precomputed)
     per_token_prefill = 2 * N_PARAMS / (MFU_SFT * GEMM_FLOPS)
@@ -68,17 +73,22 @@ def estimate(types: dict[str, TaskType], splits: dict[str, list[str]]) -> dict[s
             total += (t.head + s * t.exchange) * per_token_prefill + s * t.answer * per_token_decode
         return total
 
+    def env(names: list[str], steps_of) -> float:
+        return sum(steps_of(types[n]) for n in names) * env_step / CORES
+
     out = {}
     train = splits["train"]
     out["BC (3 epochs)"] = (EPOCHS_BC * sum(types[n].demo for n in train) * per_token_train,) * 2
     tests = splits["seen"] + splits["unseen"]
-    low, high = (lambda t: t.steps), (lambda t: t.limit)
+    low, high = (lambda t: min(t.steps, t.limit)), (lambda t: t.limit)  # a play stops at the limit
     out["exploration (x3)"] = (ITERATIONS * play(train, low), ITERATIONS * play(train, high))
     pair = sum(2 * types[n].demo + EXTRA_TURNS * types[n].exchange for n in train)  # chosen + rejected (cut)
     out["DPO (x3, 3 epochs)"] = (ITERATIONS * EPOCHS_DPO * pair * per_token_dpo,) * 2
     out["seen + unseen plays (BC and 3 iterations)"] = ((1 + ITERATIONS) * play(tests, low),
                                                        (1 + ITERATIONS) * play(tests, high))
-    out["total"] = (sum(v[0] for v in out.values()), sum(v[1] for v in out.values()))
+    out["GPU total"] = (sum(v[0] for v in out.values()), sum(v[1] for v in out.values()))
+    plays = train * ITERATIONS + tests * (1 + ITERATIONS)
+    out["environment steps (CPU wall clock, not GPU)"] = (env(plays, low), env(plays, high))
     return out
 
 
@@ -130,7 +140,9 @@ def main() -> None:
     args = ap.parse_args()
     data = ROOT / "data/sciworld_eto"
     limits = json.loads((data / "max_steps.json").read_text())
-    rows = [r for p in args.lengths for r in json.loads(Path(p).read_text())["rows"]]
+    files = [json.loads(Path(p).read_text())["rows"] for p in args.lengths]
+    rows = [r for f in files for r in f]
+    env_step = statistics.median(r["seconds"] / r["steps"] for f in files for r in f[1:])  # f[0]: the JVM's start
     splits = {k: [t for t, _ in json.loads((data / f).read_text())]
               for k, f in (("train", "train_indices.json"), ("seen", "dev_indices.json"),
                            ("unseen", "test_indices.json"))}
@@ -145,12 +157,14 @@ def main() -> None:
     demo = [types[n].demo for n in splits["train"]]
     print(f"BC data: {len(demo)} conversations, mean {statistics.mean(demo):,.0f} Llama-2 tokens, "
           f"{sum(demo) / 1e6:.2f}M in all.\n")
-    print("| stage (estimate, not measured) | H100-class GPU hours, low | high |")
+    print("| stage (estimate, not measured; H100-class GPU hours but the last row) | low | high |")
     print("| --- | --- | --- |")
-    for stage, (low, high) in estimate(types, splits).items():
+    for stage, (low, high) in estimate(types, splits, env_step).items():
         print(f"| {stage} | {low / 3600:.1f} | {high / 3600:.1f} |")
-    print("\nLow: policies play their tasks' gold lengths; high: their step limits. Full fine-tuning of a 7B model "
-          "needs at least two 80 GB GPUs (docs/gpu.md): on two, the wall clock is about half the GPU hours.")
+    print(f"\nLow: policies play their tasks' gold lengths (or the limit, if shorter); high: their step limits. "
+          f"Environment steps at {env_step:.2f} s each (the measured median), {CORES} at a time. Full fine-tuning of "
+          "a 7B model needs at least two 80 GB GPUs (docs/gpu.md): on two, the GPU stages' wall clock is about half "
+          "their GPU hours, the environments' is as printed.")
 
 
 if __name__ == "__main__":

@@ -18,14 +18,19 @@ def test_the_stages_seconds_by_hand(monkeypatch):
     steps, limit 4, a 100-token demonstration, a 50-token head, 10 a exchange, 5 an answer), one training and one
     seen variation:
     BC 3 x 100 x 6 = 1,800; a play 2 x (50 + 2 x 10) + 2 x 5 = 150 at gold length, 2 x (50 + 40) + 20 = 200 at the
-    limit; exploration 3 plays; DPO 3 x 3 x (2 x 100 + 5 x 10) x 8 = 18,000; tests (1 + 3) plays."""
+    limit; exploration 3 plays; DPO 3 x 3 x (2 x 100 + 5 x 10) x 8 = 18,000; tests (1 + 3) plays. A play stops at
+    the step limit even where the gold path is longer."""
     for key, value in dict(N_PARAMS=1, GEMM_FLOPS=1, MFU_SFT=1, MFU_DPO=1, HBM=2, DECODE_ROWS=1,
-                           DECODE_EFFICIENCY=1).items():
+                           DECODE_EFFICIENCY=1, CORES=2).items():
         monkeypatch.setattr(est, key, value)
     types = {"t": est.TaskType(steps=2, limit=4, demo=100, head=50, exchange=10, answer=5)}
-    got = est.estimate(types, {"train": ["t"], "seen": ["t"], "unseen": []})
+    got = est.estimate(types, {"train": ["t"], "seen": ["t"], "unseen": []}, env_step=3)
     assert got == {"BC (3 epochs)": (1800, 1800), "exploration (x3)": (450, 600), "DPO (x3, 3 epochs)": (18000, 18000),
-                   "seen + unseen plays (BC and 3 iterations)": (600, 800), "total": (20850, 21200)}
+                   "seen + unseen plays (BC and 3 iterations)": (600, 800), "GPU total": (20850, 21200),
+                   # 7 plays (3 explorations, 4 test plays) of 2 or 4 steps, 3 s a step, 2 at a time
+                   "environment steps (CPU wall clock, not GPU)": (21, 42)}
+    types = {"t": est.TaskType(steps=9, limit=4, demo=100, head=50, exchange=10, answer=5)}  # gold past the limit
+    assert est.estimate(types, {"train": ["t"], "seen": [], "unseen": []})["exploration (x3)"] == (600, 600)
 
 
 def test_task_types_convert_smollm2_action_only_means_to_llama2_with_thoughts():
