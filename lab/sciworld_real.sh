@@ -45,9 +45,9 @@ play() {  # the piece's stages; each skips what its manifest says is done
               eto-train experts $A
               eto-train eval $A eval.policy='${model.path}' eval.tag=untuned ;;
     bc)       eto-train bc $A
-              # BC on dev: the baseline ETO's selection compares with. The schema reads eval.splits as test splits
-              # and refuses eto.dev_split among them, so this play alone sets no selection (eto.* is not in a
-              # play's hash: the loop finds this same stage done)
+              # BC on dev: the baseline ETO's selection compares with. This play alone sets no selection (eto.* is
+              # not in a play's hash: the loop finds this same stage done); it was played so (67375e2), when the
+              # schema still refused eval.splits=[dev] (accepted alone since 95ed189)
               eto-train eval $A eval.splits=[dev] eto.dev_split=null eto.early_stopping=false ;;
     bc-test)  eto-train eval $A ;;                      # BC on seen and unseen (eval.splits)
     eto)      eto-train eto-iter $A ;;                  # exploration, pairs, DPO, iteration 1 on dev

@@ -305,6 +305,8 @@ def test_an_iteration_without_a_pair_stops_before_dpo(monkeypatch, tmp_path):
     (["eto.dev_split=unseen", "eval.splits=[seen]"], r"eto.dev_split='unseen': .*not a test split"),
     (["eto.dev_split=test_seen"], r"eto.dev_split='test_seen': .*not a test split"),
     (["eto.dev_split=train"], r"eto.dev_split='train': .*not the split ETO explores"),
+    (["eval.splits=[dev]"], r"eval.splits=\['dev'\]: the ETO loop selects on eto.dev_split='dev' and plays "
+                            r"eval.splits as its test splits; eval.splits=\[dev\] alone is a dev play"),
     (["eto.dev_split=nope"], r"eto.dev_split='nope': the environment has no such split"),
     (["env.metric=reward"], r"env.metric='reward'"),
     (["env=sciworld", "env.dev_holdout=0"], r"eto.dev_split='dev': the environment has no such split"),

@@ -161,8 +161,9 @@ def name(source: Path) -> str:
 
 
 def build_directory(source: Path) -> Path:
-    """Where the kernel built from ``source`` lives: ``TORCH_EXTENSIONS_DIR`` (by default torch's folder,
-    ``~/.cache/torch_extensions/py3XX_cpu``) / :func:`name`."""
+    """Where the kernel built from ``source`` lives, handed to torch's builder: ``TORCH_EXTENSIONS_DIR`` if set,
+    else torch's default root / ``py3XX_cpu`` (torch's own folder name on a CPU build; a CUDA build of torch would
+    name its own folder ``cuXXX``, this one keeps ``_cpu``: the kernels are CPU code) / :func:`name`."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not root:
         from torch.utils.cpp_extension import get_default_build_root
@@ -179,18 +180,34 @@ def _one_builder(directory: Path):
     that only the builder removes: a process killed while it holds it (a test's timeout, an out-of-memory kill,
     ``kill -9`` of a stage) leaves it, and every later load on the machine waits for it forever (it happened: a
     ScienceWorld play waited on one left by a killed test run). An ``flock`` is let go by the kernel when its holder
-    dies, so under it a baton left in ``directory`` belongs to no live builder of ours and is removed."""
+    dies, so under it a baton left in ``directory`` belongs to no live builder of ours and is removed. (Not
+    covered: the killed builder's compiler, a child that outlives it for the seconds of its compile, could still
+    be writing; the next build then at worst fails, and the caller falls back to torch's kernels.) Where the file
+    system refuses the lock (no flock on some network mounts), the build goes on without it, as torch's alone."""
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f"{directory.name}.flock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    path, handle = directory.parent / f"{directory.name}.flock", None
+    try:
+        handle = open(path, "a")  # noqa: SIM115 - held across the yield, closed below
         try:
-            baton = directory / "lock"
-            if baton.exists():
-                baton.unlink(missing_ok=True)
-                print(f"note: removed {baton}, left by a build that was killed before it ended", flush=True)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process's build of {directory.name} ({path})", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+    except OSError as e:
+        if handle is not None:
+            handle.close()
+        print(f"note: no build lock ({path}: {e}); building without it", flush=True)
+        yield
+        return
+    try:
+        baton = directory / "lock"
+        if baton.exists():
+            baton.unlink(missing_ok=True)
+            print(f"note: removed {baton}, left by a build that was killed before it ended", flush=True)
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def load(source: Path, fallback: str):

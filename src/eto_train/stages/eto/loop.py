@@ -96,6 +96,10 @@ def check_selection(cfg: Config) -> Selection:
     dev, train_split, test_splits = e.dev_split, e.explore.split, list(cfg.eval.splits)
     if dev is None:
         return sel
+    if dev in test_splits:  # the schema lets eval.splits=[dev] alone through: `eto-train eval`'s dev play
+        raise ValueError(f"eval.splits={test_splits}: the ETO loop selects on eto.dev_split={dev!r} and plays "
+                         f"eval.splits as its test splits; eval.splits=[{dev}] alone is a dev play for `eto-train "
+                         "eval`, not a test (set eval.splits to test splits, e.g. [seen,unseen])")
     env = make_env(cfg.env.plain())
     try:
         try:
