@@ -1,25 +1,30 @@
 """The paper's full ScienceWorld run on GPUs, estimated (issue 55, item 4): an estimate, not a measurement.
 
 What it sizes: the paper's profile (configs/paper/sciworld.yaml) on Llama-2-7B-Chat: BC on ETO's 1,483 training
-variations (3 epochs), then 3 ETO iterations, each exploring the 1,483 (greedy), DPO on the pairs (3 epochs) and a
-play of the 194 seen and 211 unseen variations; BC is played on both too. Full fine-tuning (FSDP2, bf16 compute over
-fp32 masters), rollouts on vLLM.
+variations (3 epochs), then 3 ETO iterations, each exploring the 1,483 (greedy) and DPO on the pairs (3 epochs); BC
+and the last iteration played on the 194 seen and 211 unseen variations (the profile selects nothing, so the loop
+plays no other policy on them). Full fine-tuning (FSDP2, bf16 compute over fp32 masters; the DPO reference runs
+beside the policy, `precompute_ref_log_probs: false`), rollouts on vLLM, every sequence within Llama-2's 4,096
+tokens (`model.max_context`, `bc.max_length`, `eto.dpo.max_length`).
 
 What it stands on, each labelled in the printout:
 - measured here: every task type's gold paths in tokens (docs/results/real_sciworld/lengths*.json, from
   lab/sciworld_lengths.py: steps, conversation tokens, tokens per exchange, the rollout prompt's fixed head); the
   authors' one-shot example (configs/prompt/sciworld_eto.yaml) in the Llama-2 and SmolLM2 tokenizers
   (tests/data/tokenizers): how many tokens a "Thought:" line adds to a turn, and Llama-2's tokens per SmolLM2 token;
-- measured on a GPU (docs/lab/gpu_log.md, the H200 smoke test of 2026-12-04, a 1.06B model, 24 steps): 784 TFLOP/s
-  of bf16 GEMM, FSDP2 full fine-tuning at 34.5% MFU, DPO at 31.2%, both taken as 7B's (a 7B model's larger
-  matmuls usually run at a higher MFU: the hours are then an upper side);
-- assumed, not measured anywhere: the demonstrations' thoughts are as long as the example's; a policy plays between
-  its task's gold length or the limit if shorter (the low side) and its step limit (the high side); every training variation makes a pair
-  (the high side: ties and wins are dropped); vLLM decodes 64 episodes at a time at half the rate the card's memory
-  bandwidth (3.35 TB/s, H100 SXM) allows for reading the weights once per decode step, and prefills at the training
-  MFU; the environments step between decode steps (their time adds to the wall clock, not to the GPU's), on the
-  16 CPU cores of the lent GPU machines, each step as long as the median gold-path step measured here (loaded 2-core
-  CPUs, the reset and the tokenizer included: an upper side).
+- measured on a GPU (docs/lab/gpu_log.md, the H200 smoke test of 2026-12-04, a 1.06B model in one process, 24
+  steps): 790 TFLOP/s of bf16 GEMM (what its MFU is relative to), FSDP2 full fine-tuning at 34.5% MFU, DPO (its
+  reference precomputed) at 31.2%: the low side uses them for the 7B model; the high side assumes 20% for both
+  (several GPUs' traffic, activation checkpointing, the reference beside the policy);
+- assumed, not measured anywhere: the demonstrations' thoughts are as long as the example's; a policy plays its
+  task's gold length (the low side) or its step limit (the high side), stopped where its context is full; every
+  training variation makes a pair (ties and wins are dropped in the run: fewer); vLLM decodes up to 64 episodes at
+  a time, as many as the KV cache holds (80 GB less the bf16 weights, 85% of it), each decode step reading the
+  weights once and every row's KV cache (Llama-2-7B has no grouped-query attention: 512 KiB a token) at half the
+  card's memory bandwidth (3.35 TB/s, H100 SXM), and prefills at the training MFU; the environments step between
+  decode steps (their time adds to the wall clock, not to the GPU's) on the 16 CPU cores of the lent GPU machines,
+  each step as long as the median gold-path step measured here (loaded 2-core CPUs, the reset and the tokenizer
+  included).
 
   .venv/bin/python lab/sciworld_gpu_estimate.py            # the table, H100-class GPU hours per stage
 
@@ -36,12 +41,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PARAMS = 6.74e9  # Llama-2-7B
-GEMM_FLOPS = 784e12  # bf16 GEMM measured on the H200 smoke test (the H100 SXM has the same bf16 units)
-MFU_SFT, MFU_DPO = 0.345, 0.312  # FSDP2 full fine-tuning and DPO, 1.06B, H200 (docs/lab/gpu_log.md)
-HBM = 3.35e12  # bytes/s, H100 SXM (assumed: the slower card of the two the project is lent)
-DECODE_ROWS, DECODE_EFFICIENCY = 64, 0.5  # assumed
+WEIGHT_BYTES = 2 * N_PARAMS  # bf16
+KV_BYTES = 2 * 32 * 4096 * 2  # per token: keys and values, 32 layers, 4,096 wide, bf16 (no grouped-query attention)
+MAX_CONTEXT = 4096  # Llama-2's; the paper profile's bc.max_length and eto.dpo.max_length
+GEMM_FLOPS = 790e12  # bf16 GEMM on the H200 smoke test, the MFUs' reference (the H100 SXM has the same units)
+MFU_LOW_SIDE = (0.345, 0.312)  # (full fine-tuning, DPO) measured: FSDP2 and DPO, 1.06B, H200 (docs/lab/gpu_log.md)
+MFU_HIGH_SIDE = (0.20, 0.20)  # assumed
+HBM, GPU_MEMORY = 3.35e12, 80e9  # bytes/s and bytes, H100 SXM (the slower card of the two the project is lent)
+KV_SHARE, DECODE_ROWS, DECODE_EFFICIENCY = 0.85, 64, 0.5  # assumed
 CORES = 16  # CPU cores of the lent GPU machines (H100, H200), where the ScienceWorld JVMs run
-EPOCHS_BC, EPOCHS_DPO, ITERATIONS = 3, 3, 3  # the paper's profile
+EPOCHS_BC, EPOCHS_DPO, ITERATIONS, TEST_PLAYS = 3, 3, 3, 2  # the paper's profile: BC and the last policy tested
 EXTRA_TURNS = 5  # the rejected episode cut to the expert's length + 5 turns
 
 
@@ -56,39 +65,43 @@ class TaskType:
     answer: float  # one answer (thought and action)
 
 
-def estimate(types: dict[str, TaskType], splits: dict[str, list[str]], env_step: float = 0.0
-             ) -> dict[str, tuple[float, float]]:
-    """GPU-seconds per stage, (low, high): ``splits`` names each variation's task type (train, seen, unseen); and
-    the environments' wall seconds on :data:`CORES` cores at ``env_step`` seconds a step (CPU, not GPU)."""
-    per_token_train = 6 * N_PARAMS / (MFU_SFT * GEMM_FLOPS)  # seconds per token, forward and backward
-    per_token_dpo = 8 * N_PARAMS / (MFU_DPO * GEMM_FLOPS)  # the policy's 6N and the reference's 2N (precomputed)
-    per_token_prefill = 2 * N_PARAMS / (MFU_SFT * GEMM_FLOPS)
-    per_token_decode = 2 * N_PARAMS / HBM / DECODE_ROWS / DECODE_EFFICIENCY  # bf16 weights read once a step
+def play_seconds(t: TaskType, steps: float, mfu: float) -> tuple[float, float]:
+    """One episode of ``steps`` answers (fewer where the context fills): GPU seconds (prefill and decode), steps
+    played. The context before answer k (0-based) is head + k exchanges; prefill reads each token once (vLLM's
+    prefix cache), each decoded token costs its share of one weight read plus its own row's KV cache."""
+    room = max(0.0, (MAX_CONTEXT - t.head - t.answer) // t.exchange + 1)
+    s = min(steps, room)
+    final = t.head + s * t.exchange
+    rows = max(1.0, min(DECODE_ROWS, (KV_SHARE * GPU_MEMORY - WEIGHT_BYTES) // (final * KV_BYTES)))
+    contexts = s * t.head + t.exchange * s * (s - 1) / 2  # the sum of the s contexts
+    decode = (t.answer * s * WEIGHT_BYTES / rows + t.answer * contexts * KV_BYTES) / (HBM * DECODE_EFFICIENCY)
+    return final * 2 * N_PARAMS / (mfu * GEMM_FLOPS) + decode, s
 
-    def play(names: list[str], steps_of) -> float:
-        total = 0.0
-        for name in names:
-            t = types[name]
-            s = steps_of(t)
-            total += (t.head + s * t.exchange) * per_token_prefill + s * t.answer * per_token_decode
-        return total
 
-    def env(names: list[str], steps_of) -> float:
-        return sum(steps_of(types[n]) for n in names) * env_step / CORES
+def estimate(types: dict[str, TaskType], splits: dict[str, list[str]], side: str, env_step: float = 0.0
+             ) -> dict[str, float]:
+    """Seconds per stage on one side (``low``: gold lengths, the measured MFUs; ``high``: step limits, 20%):
+    GPU seconds, and the environments' wall seconds on :data:`CORES` cores at ``env_step`` seconds a step.
+    ``splits`` names each variation's task type (train, seen, unseen)."""
+    mfu_train, mfu_dpo = MFU_LOW_SIDE if side == "low" else MFU_HIGH_SIDE
+    per_token_train = 6 * N_PARAMS / (mfu_train * GEMM_FLOPS)  # forward and backward
+    per_token_dpo = 8 * N_PARAMS / (mfu_dpo * GEMM_FLOPS)  # the policy's 6N and the reference's forward 2N
+    train, tests = splits["train"], splits["seen"] + splits["unseen"]
 
-    out = {}
-    train = splits["train"]
-    out["BC (3 epochs)"] = (EPOCHS_BC * sum(types[n].demo for n in train) * per_token_train,) * 2
-    tests = splits["seen"] + splits["unseen"]
-    low, high = (lambda t: min(t.steps, t.limit)), (lambda t: t.limit)  # a play stops at the limit
-    out["exploration (x3)"] = (ITERATIONS * play(train, low), ITERATIONS * play(train, high))
-    pair = sum(2 * types[n].demo + EXTRA_TURNS * types[n].exchange for n in train)  # chosen + rejected (cut)
-    out["DPO (x3, 3 epochs)"] = (ITERATIONS * EPOCHS_DPO * pair * per_token_dpo,) * 2
-    out["seen + unseen plays (BC and 3 iterations)"] = ((1 + ITERATIONS) * play(tests, low),
-                                                       (1 + ITERATIONS) * play(tests, high))
-    out["GPU total"] = (sum(v[0] for v in out.values()), sum(v[1] for v in out.values()))
-    plays = train * ITERATIONS + tests * (1 + ITERATIONS)
-    out["environment steps (CPU wall clock, not GPU)"] = (env(plays, low), env(plays, high))
+    def plays(names: list[str]) -> tuple[float, float]:
+        got = [play_seconds(types[n], types[n].steps if side == "low" else types[n].limit, mfu_train) for n in names]
+        return sum(g for g, _ in got), sum(s for _, s in got)
+    explore, explore_steps = plays(train)
+    test, test_steps = plays(tests)
+    out = {"BC (3 epochs)": EPOCHS_BC * sum(min(types[n].demo, MAX_CONTEXT) for n in train) * per_token_train,
+           "exploration (x3)": ITERATIONS * explore}
+    pair = sum(min(types[n].demo, MAX_CONTEXT) + min(types[n].demo + EXTRA_TURNS * types[n].exchange, MAX_CONTEXT)
+               for n in train)  # chosen, and rejected cut to the expert's length + 5 turns
+    out["DPO (x3, 3 epochs)"] = ITERATIONS * EPOCHS_DPO * pair * per_token_dpo
+    out["seen + unseen plays (BC, last iteration)"] = TEST_PLAYS * test
+    out["GPU total"] = sum(out.values())
+    out["environment steps (CPU wall clock, not GPU)"] = (ITERATIONS * explore_steps + TEST_PLAYS * test_steps
+                                                          ) * env_step / CORES
     return out
 
 
@@ -156,12 +169,15 @@ def main() -> None:
           f"{len(types)} task types.")
     demo = [types[n].demo for n in splits["train"]]
     print(f"BC data: {len(demo)} conversations, mean {statistics.mean(demo):,.0f} Llama-2 tokens, "
-          f"{sum(demo) / 1e6:.2f}M in all.\n")
-    print("| stage (estimate, not measured; H100-class GPU hours but the last row) | low | high |")
+          f"{sum(demo) / 1e6:.2f}M in all; {sum(d > MAX_CONTEXT for d in demo)} of them (by their type's mean) "
+          f"past {MAX_CONTEXT}, cut there.\n")
+    print("| stage (estimate, not measured; H100-class GPU hours but the last row) | low side | high side |")
     print("| --- | --- | --- |")
-    for stage, (low, high) in estimate(types, splits, env_step).items():
-        print(f"| {stage} | {low / 3600:.1f} | {high / 3600:.1f} |")
-    print(f"\nLow: policies play their tasks' gold lengths (or the limit, if shorter); high: their step limits. "
+    low, high = estimate(types, splits, "low", env_step), estimate(types, splits, "high", env_step)
+    for stage in low:
+        print(f"| {stage} | {low[stage] / 3600:.1f} | {high[stage] / 3600:.1f} |")
+    print(f"\nLow: policies play their tasks' gold lengths, training at the MFUs measured at 1B; high: their step "
+          f"limits, 20% MFU; every sequence within {MAX_CONTEXT} tokens. "
           f"Environment steps at {env_step:.2f} s each (the measured median), {CORES} at a time. Full fine-tuning of "
           "a 7B model needs at least two 80 GB GPUs (docs/gpu.md): on two, the GPU stages' wall clock is about half "
           "their GPU hours, the environments' is as printed.")

@@ -13,24 +13,41 @@ sys.path.insert(0, str(layout.REPO_ROOT / "lab"))
 import sciworld_gpu_estimate as est  # noqa: E402
 
 
+UNITS = dict(N_PARAMS=1, WEIGHT_BYTES=2, KV_BYTES=1, MAX_CONTEXT=1000, GEMM_FLOPS=2, MFU_LOW_SIDE=(0.5, 0.25),
+             HBM=4, DECODE_EFFICIENCY=0.5, GPU_MEMORY=10**9, KV_SHARE=1, DECODE_ROWS=2, CORES=2)
+
+
 def test_the_stages_seconds_by_hand(monkeypatch):
-    """Unit rates: 6 s a trained token, 8 a DPO token, 2 a prefilled token, 1 a decoded one. One task type (gold 2
-    steps, limit 4, a 100-token demonstration, a 50-token head, 10 a exchange, 5 an answer), one training and one
-    seen variation:
-    BC 3 x 100 x 6 = 1,800; a play 2 x (50 + 2 x 10) + 2 x 5 = 150 at gold length, 2 x (50 + 40) + 20 = 200 at the
-    limit; exploration 3 plays; DPO 3 x 3 x (2 x 100 + 5 x 10) x 8 = 18,000; tests (1 + 3) plays. A play stops at
-    the step limit even where the gold path is longer."""
-    for key, value in dict(N_PARAMS=1, GEMM_FLOPS=1, MFU_SFT=1, MFU_DPO=1, HBM=2, DECODE_ROWS=1,
-                           DECODE_EFFICIENCY=1, CORES=2).items():
+    """Hand units: 6 / (0.5 x 2) = 6 s a trained token, 8 / (0.25 x 2) = 16 a DPO token, 2 / (0.5 x 2) = 2 a
+    prefilled one; memory reads at 4 x 0.5 = 2 bytes/s. One task type (gold 2 steps, limit 4, a 100-token
+    demonstration, a 50-token head, 10 an exchange, 5 an answer), one training and one seen variation, low side:
+    a play prefills 50 + 2 x 10 = 70 tokens (140 s) and decodes 2 answers of 5 tokens at contexts 50 and 60 (sum
+    110): (5 x 2 x 2 bytes of weights / 2 rows + 5 x 110 x 1 byte of KV) / 2 = 280 s: 420 s a play.
+    BC 3 x 100 x 6 = 1,800; exploration 3 x 420; DPO 3 x 3 x (100 + 100 + 5 x 10) x 16 = 36,000; tests BC and
+    the last iteration, 2 x 420; environment (3 + 2) plays x 2 steps x 3 s / 2 cores = 15."""
+    for key, value in UNITS.items():
         monkeypatch.setattr(est, key, value)
-    types = {"t": est.TaskType(steps=2, limit=4, demo=100, head=50, exchange=10, answer=5)}
-    got = est.estimate(types, {"train": ["t"], "seen": ["t"], "unseen": []}, env_step=3)
-    assert got == {"BC (3 epochs)": (1800, 1800), "exploration (x3)": (450, 600), "DPO (x3, 3 epochs)": (18000, 18000),
-                   "seen + unseen plays (BC and 3 iterations)": (600, 800), "GPU total": (20850, 21200),
-                   # 7 plays (3 explorations, 4 test plays) of 2 or 4 steps, 3 s a step, 2 at a time
-                   "environment steps (CPU wall clock, not GPU)": (21, 42)}
-    types = {"t": est.TaskType(steps=9, limit=4, demo=100, head=50, exchange=10, answer=5)}  # gold past the limit
-    assert est.estimate(types, {"train": ["t"], "seen": [], "unseen": []})["exploration (x3)"] == (600, 600)
+    t = est.TaskType(steps=2, limit=4, demo=100, head=50, exchange=10, answer=5)
+    got = est.estimate({"t": t}, {"train": ["t"], "seen": ["t"], "unseen": []}, "low", env_step=3)
+    assert got == {"BC (3 epochs)": 1800, "exploration (x3)": 1260, "DPO (x3, 3 epochs)": 36000,
+                   "seen + unseen plays (BC, last iteration)": 840, "GPU total": 39900,
+                   "environment steps (CPU wall clock, not GPU)": 15}
+
+
+def test_a_play_stops_where_its_context_fills_and_decodes_fewer_rows_where_the_cache_is_full(monkeypatch):
+    """Context 100: answers fit while 50 + k x 10 + 5 <= 100, k = 0..4: 5 steps of a limit of 8. A KV cache of
+    107 - 2 bytes of weights holds one 70-token episode: 1 row, each answer reads all the weights itself: (5 x 2 x 2
+    / 1 + 550) / 2 = 285 s of decode. A demonstration past the context trains on its first 1,000 tokens."""
+    for key, value in UNITS.items():
+        monkeypatch.setattr(est, key, value)
+    t = est.TaskType(steps=2, limit=8, demo=5000, head=50, exchange=10, answer=5)
+    assert est.play_seconds(t, 2, 0.5) == (420, 2)
+    monkeypatch.setattr(est, "GPU_MEMORY", 107)
+    assert est.play_seconds(t, 2, 0.5) == (425, 2)
+    monkeypatch.setattr(est, "MAX_CONTEXT", 100)
+    assert est.play_seconds(t, 8, 0.5)[1] == 5
+    monkeypatch.setattr(est, "MAX_CONTEXT", 1000)
+    assert est.estimate({"t": t}, {"train": ["t"], "seen": [], "unseen": []}, "low")["BC (3 epochs)"] == 3 * 1000 * 6
 
 
 def test_task_types_convert_smollm2_action_only_means_to_llama2_with_thoughts():
