@@ -156,6 +156,17 @@ def test_score_comparison_is_the_papers_average_final_score_with_paired_differen
     assert "| eto - bc | 12 | +8.3 [" in md and "| bc | 12 | 41.7 [" in md and "| type-8 | 6 |" in md
 
 
+def test_one_policy_alone_gets_its_tables_without_empty_columns(tmp_path):
+    """A study's first piece has the untuned model alone: no difference table, and the per-type table has as many
+    cells as its header (it once ended each row with an empty column)."""
+    files = {"untuned": layout.episodes(tmp_path / "untuned", "seen")}
+    _episodes(files["untuned"], BC)
+    md = score_markdown({"seen": score_comparison(files, 200, 0)})
+    assert "| difference |" not in md and "|  |" not in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| type-") or ln.startswith("| task type")]
+    assert rows[0] == "| task type | n | untuned score |" and all(r.count("|") == 4 for r in rows)
+
+
 def test_a_task_type_under_the_minimum_gets_no_interval(tmp_path):
     few = {t: v for t, v in BC.items() if t in ("8_0", "8_1", "9_0")}
     files = {"bc": layout.episodes(tmp_path / "bc", "seen"), "eto": layout.episodes(tmp_path / "eto", "seen")}

@@ -302,22 +302,22 @@ def score_markdown(by_split: dict[str, dict[str, Any]], level_note: str = "") ->
             lines.append(f"| {name} | {r['n']} | {num(r['mean_score'], r['mean_score_ci95'])} | "
                          f"{num(succ, [100 * x for x in r['success_ci95']])} | "
                          + " | ".join(f"{100 * b[k]:.1f}%" if k in b else "-" for k, _ in BEHAVIOUR) + " |")
-        lines += ["", "| difference | n | score points [95% CI] | success points [95% CI] | McNemar p |",
-                  "| --- | --- | --- | --- | --- |"]
+        if res["pairs"]:  # one policy alone (a study's first piece): no difference table
+            lines += ["", "| difference | n | score points [95% CI] | success points [95% CI] | McNemar p |",
+                      "| --- | --- | --- | --- | --- |"]
         for pair, d in res["pairs"].items():
             p = "-" if d.get("mcnemar_p") is None else f"{d['mcnemar_p']:.3g}"
             lines.append(f"| {pair} | {d['n']} | {num(d['score_diff'], d['score_diff_ci95'], True)} | "
                          f"{num(d['success_diff'], d['success_diff_ci95'], True)} | {p} |")
         if res["per_game"]:
             names, pairs = list(res["policies"]), list(res["pairs"])
-            lines += ["", "| task type | n | " + " | ".join(f"{n} score" for n in names) + " | "
-                      + " | ".join(f"{p} [95% CI]" for p in pairs) + " |",
-                      "| --- | --- | " + " | ".join("---" for _ in names + pairs) + " |"]
+            head = ["task type", "n", *(f"{n} score" for n in names), *(f"{p} [95% CI]" for p in pairs)]
+            lines += ["", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
             for game, g in res["per_game"].items():
                 n = max(r["n"] for r in g["policies"].values())
-                lines.append(f"| {game} | {n} | " + " | ".join(num(g["policies"][x]["mean_score"]) for x in names)
-                             + " | " + " | ".join(num(g["pairs"][p]["score_diff"], g["pairs"][p].get("score_diff_ci95"),
-                                                      True) for p in pairs) + " |")
+                cells = [game, str(n), *(num(g["policies"][x]["mean_score"]) for x in names),
+                         *(num(g["pairs"][p]["score_diff"], g["pairs"][p].get("score_diff_ci95"), True) for p in pairs)]
+                lines.append("| " + " | ".join(cells) + " |")
         return lines + [""]
 
     lines: list[str] = []
