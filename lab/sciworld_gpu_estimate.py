@@ -43,15 +43,29 @@ ROOT = Path(__file__).resolve().parents[1]
 N_PARAMS = 6.74e9  # Llama-2-7B
 WEIGHT_BYTES = 2 * N_PARAMS  # bf16
 KV_BYTES = 2 * 32 * 4096 * 2  # per token: keys and values, 32 layers, 4,096 wide, bf16 (no grouped-query attention)
-MAX_CONTEXT = 4096  # Llama-2's; the paper profile's bc.max_length and eto.dpo.max_length
+MAX_CONTEXT = 4096  # Llama-2's, bc.max_length and eto.dpo.max_length (paper_settings reads them)
 GEMM_FLOPS = 790e12  # bf16 GEMM on the H200 smoke test, the MFUs' reference (the H100 SXM has the same units)
 MFU_LOW_SIDE = (0.345, 0.312)  # (full fine-tuning, DPO) measured: FSDP2 and DPO, 1.06B, H200 (docs/lab/gpu_log.md)
 MFU_HIGH_SIDE = (0.20, 0.20)  # assumed
 HBM, GPU_MEMORY = 3.35e12, 80e9  # bytes/s and bytes, H100 SXM (the slower card of the two the project is lent)
 KV_SHARE, DECODE_ROWS, DECODE_EFFICIENCY = 0.85, 64, 0.5  # assumed
 CORES = 16  # CPU cores of the lent GPU machines (H100, H200), where the ScienceWorld JVMs run
-EPOCHS_BC, EPOCHS_DPO, ITERATIONS, TEST_PLAYS = 3, 3, 3, 2  # the paper's profile: BC and the last policy tested
-EXTRA_TURNS = 5  # the rejected episode cut to the expert's length + 5 turns
+# the paper's profile, read from configs/ by paper_settings() (these defaults are its values, for the tests)
+EPOCHS_BC, EPOCHS_DPO, ITERATIONS, EXTRA_TURNS = 3, 3, 3, 5
+TEST_PLAYS = 2  # no selection: the loop plays BC and the last policy on the tests
+
+
+def paper_settings(experiment: str = "sciworld_llama2_7b") -> None:
+    """The run's settings from its config (one home: configs/bc/paper.yaml, eto/paper.yaml, the model's)."""
+    global EPOCHS_BC, EPOCHS_DPO, ITERATIONS, EXTRA_TURNS, MAX_CONTEXT
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3", job_name="gpu_estimate"):
+        c = compose("config", overrides=[f"experiment={experiment}"])
+    assert c.eto.dev_split is None and not c.eto.early_stopping, "the estimate assumes no selection (TEST_PLAYS)"
+    EPOCHS_BC, EPOCHS_DPO, ITERATIONS = c.bc.num_train_epochs, c.eto.dpo.num_train_epochs, c.eto.iterations
+    EXTRA_TURNS = c.eto.pairs.extra_turns
+    MAX_CONTEXT = min(c.model.max_context, c.bc.max_length, c.eto.dpo.max_length)
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,7 @@ def main() -> None:
     ap.add_argument("--lengths", nargs="*", default=[str(p) for p in sorted(
         (ROOT / "docs/results/real_sciworld").glob("lengths*.json"))])
     args = ap.parse_args()
+    paper_settings()
     data = ROOT / "data/sciworld_eto"
     limits = json.loads((data / "max_steps.json").read_text())
     files = [json.loads(Path(p).read_text())["rows"] for p in args.lengths]

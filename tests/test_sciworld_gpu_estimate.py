@@ -64,3 +64,11 @@ def test_the_examples_thoughts_are_counted_in_llama2_tokens():
     alone a few, and Llama-2 spends more tokens than SmolLM2 on the same text (a 32k against a 49k vocabulary)."""
     thought, answer, ratio = est.example_tokens()
     assert 10 < thought < 60 and 2 < answer < 15 and 1.0 < ratio < 1.5
+
+
+def test_the_paper_settings_come_from_the_configs(monkeypatch):
+    """Epochs, iterations, the cut and the context are read from experiment=sciworld_llama2_7b (one home)."""
+    for key in ("EPOCHS_BC", "EPOCHS_DPO", "ITERATIONS", "EXTRA_TURNS", "MAX_CONTEXT"):
+        monkeypatch.setattr(est, key, None)
+    est.paper_settings()
+    assert (est.EPOCHS_BC, est.EPOCHS_DPO, est.ITERATIONS, est.EXTRA_TURNS, est.MAX_CONTEXT) == (3, 3, 3, 5, 4096)
